@@ -1,0 +1,86 @@
+"""The accuracy rule, in one place (tests, grader and benchmarks all use it).
+
+FlashAttention's own tests judge a kernel against PyTorch, not against a fixed
+number: the kernel's error against a float64 reference may be at most twice
+the error of PyTorch's own attention in the same dtype, plus a small floor.
+
+    err(ours)  = max |ours  - ref64|
+    err(torch) = max |torch_same_dtype - ref64|
+    pass  <=>  err(ours) <= 2 * err(torch) + floor * max(1, max |ref64|)
+
+One addition for gradients.  A FlashAttention backward recomputes P = e^(S - L)
+from the float32 LSE it saved, so every P_ij of row i carries L_i's rounding
+error, |L_i| * 2^-24, the same sign along the row.  PyTorch's autograd keeps P
+itself and has no such term.  With ordinary data |L| ~ 5 and it is invisible; with
+scores in the hundreds it dominates an fp32 backward.  So the gradient bound adds
+    4 * max|L| * 2^-24 * max(1, max |ref64|).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .reference import attention_naive_torch
+
+# relative floor per dtype (times max(1, |reference|)): a few ulps of the dtype
+FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float64: 1e-12}
+
+
+@dataclass
+class Check:
+    name: str
+    err: float        # max |ours - ref64|
+    torch_err: float  # max |torch same-dtype - ref64|
+    bound: float      # 2 * torch_err + floor
+    ok: bool
+
+    def __str__(self):
+        mark = "ok " if self.ok else "BAD"
+        return f"{mark} {self.name:<4} err {self.err:.2e}  torch {self.torch_err:.2e}  bound {self.bound:.2e}"
+
+
+def judge(name: str, ours: torch.Tensor, torch_same: torch.Tensor, ref64: torch.Tensor, dtype,
+          lse_max: float = 0.0) -> Check:
+    """Judge one output; ``lse_max`` (max |L|) adds the recomputed-P term for gradients."""
+    ref64 = ref64.double()
+    err = (ours.double() - ref64).abs().max().item()
+    terr = (torch_same.double() - ref64).abs().max().item()
+    floor = (FLOOR[dtype] + 4 * lse_max * 2.0**-24) * max(1.0, ref64.abs().max().item())
+    bound = 2 * terr + floor
+    ok = bool(err <= bound)  # NaN compares False: NaN never passes
+    return Check(name, err, terr, bound, ok)
+
+
+def reference_outputs(q, k, v, do, causal: bool, scale=None, dtype=None):
+    """(o, lse, dq, dk, dv) of naive attention computed in ``dtype`` (default: float64) by autograd.
+
+    The same-dtype run is "PyTorch's own error" in the accuracy rule.  bf16/fp16
+    runs on the CPU work too (PyTorch computes them, slowly).
+    """
+    dtype = dtype or torch.float64
+    qq, kk, vv = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    o, lse = attention_naive_torch(qq, kk, vv, causal, scale)
+    o.backward(do.to(dtype))
+    return o.detach(), lse.detach(), qq.grad, kk.grad, vv.grad
+
+
+def check_attention(fn, q, k, v, causal: bool, scale=None, backward: bool = True, do=None):
+    """Run ``fn(q, k, v, causal, scale) -> (o, lse)`` and judge o, lse (and dq, dk, dv) by the rule.
+
+    Returns a list of :class:`Check`.
+    """
+    dtype = q.dtype
+    q, k, v = (t.detach().requires_grad_(backward) for t in (q, k, v))
+    o, lse = fn(q, k, v, causal, scale)
+    if do is None:
+        do = torch.randn_like(o)
+    ref = reference_outputs(q, k, v, do, causal, scale, torch.float64)
+    same = reference_outputs(q, k, v, do, causal, scale, dtype)
+    checks = [judge("o", o, same[0], ref[0], dtype), judge("lse", lse, same[1], ref[1], torch.float32)]
+    if backward:
+        o.backward(do)
+        lse_max = ref[1].abs().max().item()
+        for name, g, s_, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), same[2:], ref[2:]):
+            checks.append(judge(name, g, s_, r, dtype, lse_max))
+    return checks

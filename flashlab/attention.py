@@ -1,0 +1,136 @@
+"""The public op: ``flashlab.flash_attention``, a drop-in for SDPA with a Triton forward and backward.
+
+    o = flash_attention(q, k, v, causal=True)             # like F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    o, lse = flash_attention(q, k, v, return_lse=True)    # LSE: (B, H, Nq) float32, natural log
+    o.sum().backward()                                    # runs the Triton backward
+
+What happens around the kernels:
+  * inputs are checked, and bad ones get a ValueError/TypeError that says what to fix;
+  * a head dim that is not a power of two (>= 16) is zero-padded up to one (zeros do
+    not change Q K^T, and the padded columns of O are cut off);
+  * bf16 in the interpreter is upcast to fp32 (the interpreter's bf16 ``tl.dot`` is wrong);
+  * fp32 is true fp32 (IEEE dot products) unless ``allow_tf32=True``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import device
+from .kernels import launch_backward, launch_forward
+
+__all__ = ["flash_attention", "check_inputs", "MAX_HEAD_DIM"]
+
+MAX_HEAD_DIM = 256
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_inputs(q, k, v, scale=None) -> None:
+    """Raise a ValueError/TypeError naming the argument and the fix; return None if q, k, v are usable."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(t.shape)}; "
+                             f"for a single head use {name}[None, None]")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; use torch.float16, torch.bfloat16 or torch.float32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}; convert with .to(q.dtype)")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cpu" and not device.INTERPRET:
+        raise ValueError("q is on the CPU but Triton is compiling for the GPU; move the inputs with "
+                         ".cuda() (or set TRITON_INTERPRET=1 before importing flashlab to use the interpreter)")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {q.device}; use a CUDA GPU or the CPU (interpreter)")
+    B, H, Nq, D = q.shape
+    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
+        raise ValueError(f"q, k, v must agree on batch and heads (dims 0, 1): q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same sequence length (dim 2): k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[3] != D or v.shape[3] != D:
+        raise ValueError(f"q, k, v must have the same head dim (dim 3): q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported; use 1 <= D <= {MAX_HEAD_DIM} "
+                         f"(16, 32, 64, 128 are the fast paths)")
+    if Nq == 0 or k.shape[2] == 0 or B == 0 or H == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
+
+
+def _kernel_head_dim(d: int) -> int:
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def _prepare(t: torch.Tensor, d_kernel: int, compute_dtype: torch.dtype) -> torch.Tensor:
+    """Pad the head dim with zeros up to what the kernel needs, and cast if we must."""
+    if t.dtype != compute_dtype:
+        t = t.to(compute_dtype)
+    if t.shape[-1] != d_kernel:
+        t = F.pad(t, (0, d_kernel - t.shape[-1]))
+    return t
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # The interpreter's bf16 tl.dot returns garbage: compute in fp32, return bf16.
+    if dtype == torch.bfloat16 and device.INTERPRET:
+        return torch.float32
+    return dtype
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, allow_tf32):
+        D = q.shape[-1]
+        dk_ = _kernel_head_dim(D)
+        cdt = _compute_dtype(q.dtype)
+        qp, kp, vp = (_prepare(t, dk_, cdt) for t in (q, k, v))
+        B, H, Nq, _ = q.shape
+        o = torch.empty((B, H, Nq, dk_), device=q.device, dtype=cdt)
+        lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        launch_forward(qp, kp, vp, o, lse, causal, scale, allow_tf32=allow_tf32)
+        ctx.save_for_backward(qp, kp, vp, o, lse)
+        ctx.causal, ctx.scale, ctx.allow_tf32 = causal, scale, allow_tf32
+        ctx.d, ctx.dtype = D, q.dtype
+        ctx.mark_non_differentiable(lse)
+        return o[..., :D].to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        qp, kp, vp, o, lse = ctx.saved_tensors
+        do = _prepare(do, qp.shape[-1], qp.dtype)
+        dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
+        launch_backward(qp, kp, vp, o, lse, do, dq, dk, dv, ctx.causal, ctx.scale,
+                        allow_tf32=ctx.allow_tf32)
+        D, dt = ctx.d, ctx.dtype
+        return dq[..., :D].to(dt), dk[..., :D].to(dt), dv[..., :D].to(dt), None, None, None
+
+
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
+                    return_lse: bool = False, *, allow_tf32: bool = False):
+    """FlashAttention-2: softmax(scale * q k^T) v without ever storing an N x N matrix.
+
+    Args:
+        q: (B, H, Nq, D); k, v: (B, H, Nk, D).  fp16, bf16 or fp32, on CUDA (compiled
+            Triton) or on the CPU (Triton interpreter).  Any strides.
+        causal: top-left causal mask, query i sees keys j <= i (SDPA's ``is_causal``).
+        scale: softmax scale, default 1/sqrt(D).
+        return_lse: also return the log-sum-exp (B, H, Nq), float32, natural log.
+        allow_tf32: let fp32 inputs use TF32 tensor cores (faster, ~1e-3 relative error).
+
+    Returns:
+        o (B, H, Nq, D) in the dtype of q, or (o, lse).  ``o`` is differentiable
+        with respect to q, k and v; lse is not.
+
+    Does not do: dropout, attention bias or arbitrary masks, GQA (k/v with fewer heads).
+    """
+    check_inputs(q, k, v, scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale, bool(allow_tf32))
+    return (o, lse) if return_lse else o

@@ -1,0 +1,161 @@
+"""Timing harness: flashlab against PyTorch's SDPA backends, by the course's protocol.
+
+Protocol (see the README's benchmark record):
+  * shapes keep 16k tokens: B = 16384 // N, H = 2048 // D;
+  * FLOPs: forward 4 * B * H * Nq * Nk * D (half of it when causal), backward 2.5x forward;
+  * every provider is first checked for correctness on the same inputs (one head
+    against a float32 reference); a wrong provider is reported, never timed;
+  * ``triton.testing.do_bench(..., return_mode="median")`` after a warm-up call.
+
+Timings need a CUDA GPU; in the interpreter every timing function raises.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import device
+from .attention import flash_attention
+from .reference import attention_naive_torch
+
+PROVIDERS = ("flashlab", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "naive")
+
+
+def flops(B, H, Nq, Nk, D, causal: bool, mode: str = "fwd") -> float:
+    """Matmul FLOPs of attention: 2 products of 2*Nq*Nk*D each; causal halves it, backward is 2.5x."""
+    f = 4.0 * B * H * Nq * Nk * D
+    if causal:
+        f *= 0.5
+    return f * (2.5 if mode == "bwd" else 1.0)
+
+
+def hbm_bytes_naive(B, H, N, D, elem: int = 2) -> float:
+    """Bytes a naive forward moves: Q, K, V read, S written and read, P written and read, O written."""
+    return elem * B * H * (4 * N * D + 4 * N * N)
+
+
+def hbm_bytes_flash(B, H, N, D, elem: int = 2) -> float:
+    """Bytes an ideal fused forward moves: Q, K, V read once, O written once (+ the LSE)."""
+    return elem * B * H * 4 * N * D + 4 * B * H * N
+
+
+def _require_gpu():
+    if device.DEVICE.type != "cuda":
+        raise RuntimeError("timings need a CUDA GPU; in the interpreter only correctness is meaningful")
+
+
+def _sdpa(backend_name):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+
+    def fn(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return fn
+
+
+def provider_fn(name: str):
+    """A callable ``f(q, k, v, causal) -> o`` for a provider name in PROVIDERS."""
+    if name == "flashlab":
+        return lambda q, k, v, causal: flash_attention(q, k, v, causal)
+    if name == "naive":
+        return lambda q, k, v, causal: attention_naive_torch(q, k, v, causal)[0]
+    return _sdpa({"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
+                  "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}[name])
+
+
+@dataclass
+class Row:
+    provider: str
+    mode: str
+    dtype: str
+    causal: bool
+    B: int
+    H: int
+    N: int
+    D: int
+    ms: float = math.nan
+    tflops: float = math.nan
+    max_err: float = math.nan
+    status: str = "ok"
+
+
+def _one_head_reference(q, k, v, causal):
+    o, _ = attention_naive_torch(q[:1, :1].float(), k[:1, :1].float(), v[:1, :1].float(), causal)
+    return o
+
+
+def run_case(providers, N, D, dtype=torch.float16, causal=False, mode="fwd", tokens=16384, hidden=2048,
+             tol=None):
+    """Check, then time, each provider on one shape. Returns a list of Row."""
+    _require_gpu()
+    from triton.testing import do_bench
+    B, H = max(1, tokens // N), max(1, hidden // D)
+    dev = device.DEVICE
+    gen = torch.Generator(device=dev).manual_seed(N * 1000 + D)
+    q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=dtype, generator=gen) for _ in range(3))
+    do = torch.randn_like(q)
+    ref = _one_head_reference(q, k, v, causal)
+    tol = tol if tol is not None else {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 1e-3}[dtype]
+    rows = []
+    for name in providers:
+        row = Row(name, mode, str(dtype).replace("torch.", ""), causal, B, H, N, D)
+        rows.append(row)
+        fn = provider_fn(name)
+        try:
+            if name == "naive" and B * H * N * N * 4 > 40e9:
+                row.status = "skipped (S would not fit)"
+                continue
+            o = fn(q, k, v, causal)
+            row.max_err = (o[:1, :1].float() - ref).abs().max().item()
+            if not row.max_err <= tol:
+                row.status = "WRONG"
+                continue
+            if mode == "fwd":
+                ms = do_bench(lambda: fn(q, k, v, causal), return_mode="median")
+            else:
+                qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                out = fn(qg, kg, vg, causal)
+                out.backward(do, retain_graph=True)   # warm-up (compiles the backward)
+                ms = do_bench(lambda: out.backward(do, retain_graph=True), grad_to_none=[qg, kg, vg],
+                              return_mode="median")
+            row.ms = ms
+            row.tflops = flops(B, H, N, N, D, causal, mode) / (ms * 1e-3) / 1e12
+        except Exception as e:  # a backend that does not support this shape/dtype/GPU
+            row.status = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+        finally:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def peak_memory(fn, N, D, dtype=torch.float16, B=1, H=16, causal=True):
+    """Peak CUDA memory (bytes) of one forward + backward above its inputs, output and gradients."""
+    _require_gpu()
+    dev = device.DEVICE
+    q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    fn(q, k, v, causal).backward(do)          # warm-up: compile, allocate grads
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()      # inputs, do, grads
+    torch.cuda.reset_peak_memory_stats()
+    o = fn(q, k, v, causal)
+    o.backward(do)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base - o.numel() * o.element_size()
+    return peak
+
+
+def format_table(rows) -> str:
+    head = f"{'provider':<15}{'mode':<5}{'dtype':<9}{'causal':<7}{'N':>6}{'D':>5}{'ms':>9}{'TFLOP/s':>9}  status"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.provider:<15}{r.mode:<5}{r.dtype:<9}{str(r.causal):<7}{r.N:>6}{r.D:>5}"
+                     f"{r.ms:>9.3f}{r.tflops:>9.1f}  {r.status}")
+    return "\n".join(lines)
+
+
+def as_dicts(rows):
+    return [asdict(r) for r in rows]

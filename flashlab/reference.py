@@ -1,0 +1,279 @@
+"""Reference implementations: the one canonical copy of every algorithm in the course.
+
+Everything here is short, written with the FlashAttention-2 paper's symbols
+(Algorithm 1) and checked against :func:`attention_naive` in the tests.  The
+NumPy functions take one (batch, head) slice: ``q`` is (Nq, D), ``k`` and ``v``
+are (Nk, D).  The torch function takes any leading dimensions, e.g. (B, H, N, D).
+
+Conventions (shared with the kernels and the grader):
+  * scale s = 1/sqrt(D) unless given;
+  * causal is top-left aligned: query i sees keys j <= i (as SDPA's ``is_causal``);
+  * LSE is the natural-log log-sum-exp of the scaled scores of each query row.
+
+| math                  | code       |
+|-----------------------|------------|
+| S = s Q K^T           | ``s``      |
+| m_i  (running max)    | ``m``      |
+| l_i  (running sum)    | ``l``      |
+| O~_i (unnormalised O) | ``acc``    |
+| alpha = e^(m_old - m_new) | ``alpha`` |
+| L_i = m_i + log l_i   | ``lse``    |
+| D_i = rowsum(dO o O)  | ``delta``  |
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "causal_mask", "attention_naive", "attention_naive_torch",
+    "online_softmax_update", "online_softmax", "merge_states",
+    "attention_fa1", "attention_fa2", "attention_backward", "attention_backward_naive",
+]
+
+
+def _scale(d: int, scale):
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def causal_mask(nq: int, nk: int, row0: int = 0, col0: int = 0) -> np.ndarray:
+    """Boolean (nq, nk) mask, True where query ``row0 + i`` may see key ``col0 + j`` (j <= i)."""
+    rows = row0 + np.arange(nq)[:, None]
+    cols = col0 + np.arange(nk)[None, :]
+    return cols <= rows
+
+
+# ----------------------------------------------------------------------------
+# 1. naive attention: materialise S and P (N x N)
+# ----------------------------------------------------------------------------
+
+def attention_naive(q, k, v, causal: bool = False, scale=None):
+    """O = softmax(s Q K^T) V, computed the obvious way. Returns ``(o, lse)``.
+
+    Works in the dtype it is given (use float64 for a reference).
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    s = _scale(q.shape[-1], scale) * (q @ k.T)                 # S (Nq, Nk)
+    if causal:
+        s = np.where(causal_mask(*s.shape), s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)                          # row max (safe softmax)
+    p = np.exp(s - m)                                          # unnormalised P
+    l = p.sum(axis=-1, keepdims=True)                          # row sum
+    o = (p / l) @ v                                            # O = P V
+    lse = (m + np.log(l))[:, 0]                                # L = m + log l
+    return o, lse
+
+
+def attention_naive_torch(q, k, v, causal: bool = False, scale=None):
+    """Torch version of :func:`attention_naive` for tensors (..., N, D); differentiable.
+
+    Returns ``(o, lse)``.  Run it on float64 inputs to get the reference the tests
+    and the grader compare against; run it in fp16 to get "PyTorch's own error".
+    """
+    import torch
+
+    s = _scale(q.shape[-1], scale) * (q @ k.transpose(-1, -2))  # S (..., Nq, Nk)
+    if causal:
+        nq, nk = s.shape[-2], s.shape[-1]
+        keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s.float() if s.dtype in (torch.float16, torch.bfloat16) else s, dim=-1)
+    p = torch.softmax(s, dim=-1)
+    return p @ v, lse
+
+
+# ----------------------------------------------------------------------------
+# 2. online softmax: one streaming pass with a running max m and sum l
+# ----------------------------------------------------------------------------
+
+def online_softmax_update(m, l, x_block):
+    """Fold one block of columns into the running state.  Start from m = -inf, l = 0.
+
+        m_new = max(m, rowmax(x_block))
+        l_new = e^(m - m_new) * l + rowsum(e^(x_block - m_new))     (alpha = e^(m - m_new))
+    """
+    m_new = np.maximum(m, x_block.max(axis=-1))
+    alpha = np.exp(m - m_new)            # e^(-inf) = 0 on the first block
+    l_new = alpha * l + np.exp(x_block - m_new[:, None]).sum(axis=-1)
+    return m_new, l_new
+
+
+def online_softmax(x, block_size: int):
+    """softmax(x) along the last axis of (R, N), reading x once in blocks of columns.
+
+    The pass computes (m, l); the normalisation e^(x - m) / l is the write-out.
+    """
+    x = np.asarray(x)
+    m = np.full(x.shape[0], -np.inf)
+    l = np.zeros(x.shape[0])
+    for j in range(0, x.shape[1], block_size):
+        m, l = online_softmax_update(m, l, x[:, j:j + block_size])
+    return np.exp(x - m[:, None]) / l[:, None]
+
+
+def merge_states(m1, l1, acc1, m2, l2, acc2):
+    """Merge two partial softmax states over disjoint sets of keys.
+
+    Each state is (m, l, acc) with acc = sum_j e^(s_j - m) v_j (unnormalised).
+    The merge is associative and commutative, which is what split-KV decoding
+    and ring attention rely on.  O = acc / l once every part is merged.
+    """
+    m = np.maximum(m1, m2)
+    # a part that has seen nothing has m = -inf; give it weight 0, not e^(nan)
+    a1 = np.where(np.isneginf(m1), 0.0, np.exp(m1 - np.where(np.isneginf(m), 0.0, m)))
+    a2 = np.where(np.isneginf(m2), 0.0, np.exp(m2 - np.where(np.isneginf(m), 0.0, m)))
+    l = a1 * l1 + a2 * l2
+    acc = a1[..., None] * acc1 + a2[..., None] * acc2
+    return m, l, acc
+
+
+# ----------------------------------------------------------------------------
+# 3. tiled attention: FA1 and FA2 loop orders
+# ----------------------------------------------------------------------------
+
+def _kv_blocks(i0: int, bq: int, nk: int, bk: int, causal: bool):
+    """Start columns of the K/V blocks query rows [i0, i0+bq) must visit.
+
+    Causal block skipping: a block whose first key is after the last query of the
+    tile is entirely masked, so it is never loaded.
+    """
+    hi = min(nk, i0 + bq) if causal else nk
+    return range(0, hi, bk)
+
+
+def attention_fa2(q, k, v, causal: bool = False, block_q: int = 64, block_k: int = 64, scale=None):
+    """FlashAttention-2 order: outer loop over Q tiles, inner loop over K/V tiles.
+
+    The state (m, l, acc) of one Q tile stays "on chip" for the whole inner loop
+    and O is normalised once, at the end (deferred normalisation).
+    Returns ``(o, lse)``.
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    nq, d = q.shape
+    nk = k.shape[0]
+    sc = _scale(d, scale)
+    o = np.empty((nq, v.shape[1]), dtype=np.result_type(q, v))
+    lse = np.empty(nq, dtype=o.dtype)
+    for i0 in range(0, nq, block_q):                      # one program per Q tile on a GPU
+        qi = q[i0:i0 + block_q]                            # Q_i (Br, D): load once
+        br = qi.shape[0]
+        m = np.full(br, -np.inf)                           # m_i
+        l = np.zeros(br)                                   # l_i
+        acc = np.zeros((br, v.shape[1]))                   # O~_i
+        for j0 in _kv_blocks(i0, br, nk, block_k, causal):
+            kj, vj = k[j0:j0 + block_k], v[j0:j0 + block_k]  # K_j, V_j (Bc, D)
+            s = sc * (qi @ kj.T)                           # S_ij (Br, Bc)
+            if causal and j0 + kj.shape[0] - 1 > i0:       # only diagonal tiles need the mask
+                s = np.where(causal_mask(br, kj.shape[0], i0, j0), s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=1))           # m_i^(j)
+            p = np.exp(s - m_new[:, None])                 # P~_ij
+            alpha = np.exp(m - m_new)                      # e^(m_old - m_new)
+            l = alpha * l + p.sum(axis=1)                  # l_i^(j)
+            acc = alpha[:, None] * acc + p @ vj            # O~_i^(j) = diag(alpha) O~ + P~ V_j
+            m = m_new
+        o[i0:i0 + br] = acc / l[:, None]                   # diag(l)^-1 O~, once
+        lse[i0:i0 + br] = m + np.log(l)                    # L_i
+    return o, lse
+
+
+def attention_fa1(q, k, v, causal: bool = False, block_q: int = 64, block_k: int = 64, scale=None):
+    """FlashAttention-1 order: outer loop over K/V tiles, inner loop over Q tiles.
+
+    Every inner step reads O_i, m_i, l_i from "HBM", rescales, and writes them
+    back normalised (the paper's Algorithm 1, line 12):
+        O_i <- diag(l_new)^-1 (diag(l_i) e^(m_i - m_new) O_i + e^(m~_ij - m_new) P~_ij V_j)
+    Returns ``(o, lse)``.
+    """
+    q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
+    nq, d = q.shape
+    nk = k.shape[0]
+    sc = _scale(d, scale)
+    o = np.zeros((nq, v.shape[1]))                         # in HBM, normalised at all times
+    m = np.full(nq, -np.inf)                               # in HBM
+    l = np.zeros(nq)                                       # in HBM
+    for j0 in range(0, nk, block_k):
+        kj, vj = k[j0:j0 + block_k], v[j0:j0 + block_k]    # K_j, V_j stay on chip
+        for i0 in range(0, nq, block_q):
+            if causal and j0 > i0 + block_q - 1:           # tile entirely above the diagonal
+                continue
+            qi = q[i0:i0 + block_q]
+            br = qi.shape[0]
+            s = sc * (qi @ kj.T)
+            if causal:
+                s = np.where(causal_mask(br, kj.shape[0], i0, j0), s, -np.inf)
+            m_tile = s.max(axis=1)                         # m~_ij (-inf: row fully masked here)
+            p = np.exp(s - np.where(np.isneginf(m_tile), 0.0, m_tile)[:, None])  # P~_ij
+            l_tile = p.sum(axis=1)                         # l~_ij
+            mi, li, oi = m[i0:i0 + br], l[i0:i0 + br], o[i0:i0 + br]   # read from HBM
+            m_new = np.maximum(mi, m_tile)
+            a_old = np.exp(mi - m_new)                     # e^(m_i - m_new)
+            a_new = np.exp(m_tile - m_new)                 # e^(m~_ij - m_new)
+            l_new = a_old * li + a_new * l_tile
+            o[i0:i0 + br] = ((li * a_old)[:, None] * oi + a_new[:, None] * (p @ vj)) / l_new[:, None]
+            m[i0:i0 + br], l[i0:i0 + br] = m_new, l_new    # write back to HBM
+    return o, m + np.log(l)
+
+
+# ----------------------------------------------------------------------------
+# 4. backward
+# ----------------------------------------------------------------------------
+
+def attention_backward_naive(q, k, v, do, causal: bool = False, scale=None):
+    """Gradients of O = softmax(s Q K^T) V by the chain rule on full matrices. Returns (dq, dk, dv)."""
+    q, k, v, do = (np.asarray(t) for t in (q, k, v, do))
+    sc = _scale(q.shape[-1], scale)
+    o, lse = attention_naive(q, k, v, causal, scale)
+    s = sc * (q @ k.T)
+    if causal:
+        s = np.where(causal_mask(*s.shape), s, -np.inf)
+    p = np.exp(s - lse[:, None])
+    dv = p.T @ do                                          # dV = P^T dO
+    dp = do @ v.T                                          # dP = dO V^T
+    ds = p * (dp - (do * o).sum(axis=1, keepdims=True))    # dS = P o (dP - D)
+    return sc * ds @ k, sc * ds.T @ q, dv
+
+
+def attention_backward(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64,
+                       block_k: int = 64, scale=None):
+    """FlashAttention-2 backward, tiled, as the Triton kernels do it. Returns (dq, dk, dv).
+
+    Nothing N x N is stored: P is recomputed tile by tile from the saved LSE,
+    P_ij = exp(S_ij - L_i), and softmax's Jacobian needs only the per-row scalar
+    D_i = rowsum(dO_i o O_i)  (because rowsum(P o dP) = rowsum(dO o O)).
+
+    dK, dV: K/V-stationary (outer loop over K/V tiles), dQ: Q-stationary; neither
+    loop writes to a tile another iteration owns, so no atomics are needed.
+    """
+    q, k, v, o, lse, do = (np.asarray(t) for t in (q, k, v, o, lse, do))
+    nq, d = q.shape
+    nk = k.shape[0]
+    sc = _scale(d, scale)
+    delta = (do * o).sum(axis=1)                           # D_i (Nq,)
+
+    def p_tile(i0, qi, j0, kj):
+        s = sc * (qi @ kj.T)
+        if causal:
+            s = np.where(causal_mask(qi.shape[0], kj.shape[0], i0, j0), s, -np.inf)
+        return np.exp(s - lse[i0:i0 + qi.shape[0], None])  # recompute P_ij from L
+
+    dk, dv = np.zeros_like(k, dtype=float), np.zeros_like(v, dtype=float)
+    for j0 in range(0, nk, block_k):                       # K/V-stationary
+        kj, vj = k[j0:j0 + block_k], v[j0:j0 + block_k]
+        i_first = (j0 // block_q) * block_q if causal else 0   # Q tiles above are fully masked
+        for i0 in range(i_first, nq, block_q):
+            qi, doi = q[i0:i0 + block_q], do[i0:i0 + block_q]
+            p = p_tile(i0, qi, j0, kj)                     # P_ij (Br, Bc)
+            dv[j0:j0 + block_k] += p.T @ doi               # dV_j += P_ij^T dO_i
+            ds = p * (doi @ vj.T - delta[i0:i0 + block_q, None])   # dS_ij = P o (dP - D)
+            dk[j0:j0 + block_k] += sc * ds.T @ qi          # dK_j += s dS_ij^T Q_i
+
+    dq = np.zeros_like(q, dtype=float)
+    for i0 in range(0, nq, block_q):                       # Q-stationary
+        qi, doi = q[i0:i0 + block_q], do[i0:i0 + block_q]
+        for j0 in _kv_blocks(i0, qi.shape[0], nk, block_k, causal):
+            kj, vj = k[j0:j0 + block_k], v[j0:j0 + block_k]
+            p = p_tile(i0, qi, j0, kj)
+            ds = p * (doi @ vj.T - delta[i0:i0 + block_q, None])
+            dq[i0:i0 + block_q] += sc * ds @ kj            # dQ_i += s dS_ij K_j
+    return dq, dk, dv
