@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
+import warnings
 
 
 def _cuda_available() -> bool:
@@ -32,6 +34,15 @@ GPU: bool = _cuda_available()
 # debugging mode); otherwise interpret exactly when there is no GPU.
 if "TRITON_INTERPRET" not in os.environ and not GPU:
     os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        # Triton's own helpers (tl.max, tl.sum, ...) are @triton.jit functions, decorated when
+        # triton.language is imported: they are already compiled-mode and fail in the interpreter
+        # with "Cannot call @triton.jit'd outside of the scope of a kernel".
+        warnings.warn(
+            "triton was imported before flashlab, so it is not in interpreter mode and kernels will fail "
+            "on this machine (no GPU). Restart the kernel and `import flashlab` before `import triton` "
+            "(or set os.environ['TRITON_INTERPRET'] = '1' before importing triton).",
+            RuntimeWarning, stacklevel=2)
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
 

@@ -135,7 +135,7 @@ BAD = [
     (lambda q: (q, q[..., :8], q[..., :8]), ValueError, "head dim"),
     (lambda q: (q, q, q.half()), TypeError, "one dtype"),
     (lambda q: (q.numpy(), q, q), TypeError, "torch.Tensor"),
-    (lambda q: (torch.zeros(1, 1, 4, 300), torch.zeros(1, 1, 4, 300), torch.zeros(1, 1, 4, 300)), ValueError, "head dim"),
+    (lambda q: (q.new_zeros(1, 1, 4, 300),) * 3, ValueError, "head dim"),
     (lambda q: (q[:, :, :0], q, q), ValueError, "empty"),
 ]
 

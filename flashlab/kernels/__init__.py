@@ -58,7 +58,7 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
                    config: Config | None = None):
     """Write O into ``o`` (B, H, Nq, D) and the natural-log LSE into ``lse`` (B, H, Nq) float32.
 
-    ``lse`` must be contiguous; q, k, v, o may have any strides.
+    Every tensor may have any strides (views into larger buffers work).
     """
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
@@ -66,7 +66,7 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
     grid = (triton.cdiv(Nq, cfg.block_m), B * H)
     flash_fwd_kernel[grid](
         q, k, v, o, lse,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
         H, Nq, Nk, scale * LOG2E,
         CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D,
         DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
@@ -89,11 +89,11 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
                   DOT_PRECISION=prec, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     flash_bwd_dkdv_kernel[(triton.cdiv(Nk, cfg.block_n), B * H)](
         q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *lse.stride(),
         H, Nq, Nk, scale, **common)
     flash_bwd_dq_kernel[(triton.cdiv(Nq, cfg.block_m), B * H)](
         q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *lse.stride(),
         H, Nq, Nk, scale, **common)
 
 

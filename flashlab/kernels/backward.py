@@ -55,6 +55,7 @@ def flash_bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_lb, stride_lh, stride_lm,
     H, Nq, Nk, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -76,7 +77,7 @@ def flash_bwd_dkdv_kernel(
                 mask=col_ok[:, None], other=0.0)                         # V_j (BLOCK_N, D), stays on chip
     q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
     do_ptrs = DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
-    lse_ptrs = LSE + off_bh * Nq + offs_m
+    lse_ptrs = LSE + off_b * stride_lb + off_h * stride_lh + offs_m * stride_lm
     delta_ptrs = Delta + off_bh * Nq + offs_m
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -91,7 +92,7 @@ def flash_bwd_dkdv_kernel(
         row_ok = rows < Nq
         q = tl.load(q_ptrs + start_m * stride_qm, mask=row_ok[:, None], other=0.0)    # Q_i (BLOCK_M, D)
         do = tl.load(do_ptrs + start_m * stride_dom, mask=row_ok[:, None], other=0.0)  # dO_i (BLOCK_M, D)
-        lse = tl.load(lse_ptrs + start_m, mask=row_ok, other=0.0)                     # L_i (natural log)
+        lse = tl.load(lse_ptrs + start_m * stride_lm, mask=row_ok, other=0.0)         # L_i (natural log)
         delta = tl.load(delta_ptrs + start_m, mask=row_ok, other=0.0)                # D_i
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * sm_scale       # S_ij^T (BLOCK_N, BLOCK_M)
         keep = row_ok[None, :] & col_ok[:, None]
@@ -119,6 +120,7 @@ def flash_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_lb, stride_lh, stride_lm,
     H, Nq, Nk, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -138,7 +140,7 @@ def flash_bwd_dq_kernel(
                 mask=row_ok[:, None], other=0.0)                          # Q_i, stays on chip
     do = tl.load(DO + off_b * stride_dob + off_h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                  mask=row_ok[:, None], other=0.0)                         # dO_i
-    lse = tl.load(LSE + off_bh * Nq + offs_m, mask=row_ok, other=0.0)                # L_i (natural log)
+    lse = tl.load(LSE + off_b * stride_lb + off_h * stride_lh + offs_m * stride_lm, mask=row_ok, other=0.0)  # L_i
     delta = tl.load(Delta + off_bh * Nq + offs_m, mask=row_ok, other=0.0)
     k_ptrs = K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
     v_ptrs = V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd

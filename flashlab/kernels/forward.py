@@ -59,11 +59,12 @@ def flash_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm,
     H, Nq, Nk, qk_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """O (B, H, Nq, D) and LSE (B, H, Nq) float32 contiguous, from Q (B, H, Nq, D), K, V (B, H, Nk, D)."""
+    """O (B, H, Nq, D) and LSE (B, H, Nq) float32, from Q (B, H, Nq, D), K, V (B, H, Nk, D); any strides."""
     start_m = tl.program_id(0)                 # which Q tile
     off_bh = tl.program_id(1)                  # which (batch, head)
     off_b = off_bh // H
@@ -101,6 +102,6 @@ def flash_fwd_kernel(
     acc = acc / l_i[:, None]                                      # deferred normalisation, once
     lse = (m_i + tl.math.log2(l_i)) * LN2                         # L_i = m_i + log l_i, natural log
     row_ok = offs_m < Nq
-    tl.store(LSE + off_bh * Nq + offs_m, lse, mask=row_ok)
+    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m * stride_lm, lse, mask=row_ok)
     o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])

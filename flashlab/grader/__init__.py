@@ -1,0 +1,33 @@
+"""Graded exercises: ``grade(name, candidate)`` checks a learner's function and says what is wrong.
+
+    >>> from flashlab.grader import grade, exercises
+    >>> exercises()                          # name -> contract
+    >>> grade("online_softmax", my_online_softmax)
+
+The result shows ✅/❌ per case (one visible case, the rest hidden and freshly
+drawn), and for the first failure: the largest error and where it is, the
+fraction of wrong elements, a heatmap over tiles, and a hint.  A candidate that
+raises is reported, never re-raised; a stub that raises NotImplementedError shows
+"not implemented yet", so "Run All" goes through.
+"""
+from __future__ import annotations
+
+from .core import grade as _grade
+from .exercises import EXERCISES
+from .report import CaseResult, Result
+
+__all__ = ["grade", "exercises", "Result", "CaseResult"]
+
+
+def exercises() -> dict:
+    """Exercise name -> its contract (what the function takes and returns)."""
+    return {name: ex.contract for name, ex in EXERCISES.items()}
+
+
+def grade(name: str, candidate, *, seed: int | None = None, visible_only: bool = False) -> Result:
+    """Grade ``candidate`` for the exercise ``name``; returns a Result (``.passed``, ``.hints``, ``.cases``)."""
+    if name not in EXERCISES:
+        raise ValueError(f"unknown exercise {name!r}; the exercises are: {', '.join(EXERCISES)}")
+    if not callable(candidate):
+        raise TypeError(f"grade({name!r}, candidate): candidate must be a function, got {type(candidate).__name__}")
+    return _grade(EXERCISES[name], candidate, seed=seed, visible_only=visible_only)
