@@ -51,11 +51,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.set_defaults(func=_bench)
 
-    try:
-        from .grader import cli as grader_cli
-        grader_cli.add_commands(sub)
-    except ImportError:
-        pass
+    from .grader import cli as grader_cli
+    grader_cli.add_commands(sub)
 
     args = parser.parse_args(argv)
     return args.func(args)
