@@ -48,10 +48,16 @@ def _fingerprint(nb) -> str:
     return hashlib.sha256(json.dumps([c.source for c in nb.cells]).encode()).hexdigest()[:16]
 
 
-def make_exercise(solution) -> nbformat.NotebookNode:
-    """The student version of a solution notebook (a NotebookNode)."""
+def make_exercise(solution, links=None) -> nbformat.NotebookNode:
+    """The student version of a solution notebook (a NotebookNode).
+
+    ``links``: (old, new) text replaced in markdown cells, e.g. to point the Colab badge
+    at exercises/ instead of solutions/.
+    """
     nb = copy.deepcopy(solution)
     for cell in nb.cells:
+        if cell.cell_type == "markdown" and links:
+            cell.source = cell.source.replace(*links)
         if cell.cell_type == "code":
             cell.source = strip_solution(cell.source)
             cell.outputs = []
@@ -79,7 +85,8 @@ def assign(solutions="solutions", exercises="exercises", check=False, force=Fals
     for path in paths:
         target = dst / path.name
         expected.add(target.name)
-        want = make_exercise(nbformat.read(path, as_version=4))
+        want = make_exercise(nbformat.read(path, as_version=4),
+                             links=(f"/{src.resolve().name}/{path.name}", f"/{dst.resolve().name}/{path.name}"))
         if check:
             if not target.exists():
                 log(f"missing: {target} (run python -m flashlab assign)")

@@ -156,22 +156,16 @@ def online_softmax_update_bugs():
         mb = x.max(1)
         return mb, np.exp(x - mb[:, None]).sum(1)
 
-    def alpha_flipped(m, l, x):
-        m_new = np.maximum(m, x.max(1))
-        with np.errstate(all="ignore"):
-            return m_new, np.exp(m_new - m) * l + np.exp(x - m_new[:, None]).sum(1)
-
     return [
         ("no_alpha", "old sum not rescaled",
          "when the max grows, the old sum was computed against the old max: l_new = e^(m - m_new) l + ...", no_alpha),
-        ("div_alpha", "divided by alpha",
-         "alpha = e^(m - m_new) <= 1 multiplies the old sum; it does not divide it.", div_alpha),
+        ("div_alpha", "alpha upside down (divided by alpha)",
+         "alpha = e^(m - m_new) <= 1 multiplies the old sum; dividing by it (or multiplying by "
+         "e^(m_new - m)) inflates the sum every time the max grows.", div_alpha),
         ("old_max", "new block exponentiated against the old max",
          "exponentiate the new block against m_new, the max after seeing it.", old_max),
         ("block_max_only", "state reset on every block",
          "m_new is the max of the old m and the block's max, and the old sum must be carried over.", block_max_only),
-        ("alpha_flipped", "alpha upside down",
-         "alpha = e^(m_old - m_new), not e^(m_new - m_old).", alpha_flipped),
     ]
 
 

@@ -63,6 +63,8 @@ def call_isolated(fn: Callable[[], Any], timeout: float = 120.0) -> Outcome:
         os.close(r)
         code = 0
         try:
+            import faulthandler
+            faulthandler.disable()          # a crash here is expected and reported; no dump to stderr
             import torch
             torch.set_num_threads(1)
             out = call(fn)

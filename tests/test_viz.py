@@ -1,0 +1,47 @@
+"""Figures are functions returning a Figure: they render headless and draw what they claim."""
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from flashlab import bench, viz
+
+
+def _render(fig):
+    assert isinstance(fig, Figure) and fig.axes
+    assert len(viz._png(fig)) > 1000
+
+
+def test_all_figures_render():
+    rng = np.random.default_rng(0)
+    _render(viz.fig_memory_vs_n([256, 512, 1024], measured={"naive": [1e6, 4e6, 1.6e7]}))
+    _render(viz.fig_roofline({"naive": (1e9, 1e8), "fused": (1e9, 1e6, 3e14)}))
+    _render(viz.fig_op_breakdown({"QK^T": 1.0, "softmax": 0.5}, 0.3))
+    _render(viz.fig_online_softmax(rng.standard_normal(20), 4, step=2))
+    _render(viz.fig_tiles(100, 130, 32, 32, step=3, order="fa1", causal=True))
+    _render(viz.fig_hbm_traffic([256, 1024]))
+    _render(viz.fig_bars({"a": 1.0, "b": 2.0}, "ms"))
+    _render(viz.fig_error_vs([1, 2], {"x": [1e-16, np.nan]}, "tiles"))
+
+
+def test_online_softmax_trace_ends_at_the_true_state():
+    x = np.random.default_rng(1).standard_normal(23) * 5
+    m, l, seen = viz.online_softmax_trace(x, 4)[-1]
+    assert seen >= 23 and m == x.max()
+    np.testing.assert_allclose(l, np.exp(x - x.max()).sum())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_schedule_orders_and_skipping(causal):
+    fa2 = viz.tile_schedule(130, 130, 32, 32, "fa2", causal)
+    fa1 = viz.tile_schedule(130, 130, 32, 32, "fa1", causal)
+    assert sorted(fa1) == sorted(fa2)
+    assert fa2 == sorted(fa2) and fa1 == sorted(fa1, key=lambda t: (t[1], t[0]))   # Q-outer vs K/V-outer
+    assert all(j * 32 <= min((i + 1) * 32, 130) - 1 for i, j in fa2) or not causal
+    n = 5
+    assert len(fa2) == (n * (n + 1) // 2 if causal else n * n)
+
+
+def test_traffic_and_flop_models():
+    t = viz.hbm_traffic(np.array([4096.0]), 64, 128, 128)
+    assert t["naive"][0] > t["FA1"][0] > t["FA2"][0] > viz.flash_bytes(4096, 64)
+    assert bench.flops(1, 1, 10, 10, 4, False) == 1600 and bench.flops(1, 1, 10, 10, 4, True, "bwd") == 2000
