@@ -62,7 +62,7 @@ def provider_fn(name: str):
     if name == "flashlab":
         return lambda q, k, v, causal: flash_attention(q, k, v, causal)
     if name == "naive":
-        return lambda q, k, v, causal: attention_naive_torch(q, k, v, causal)[0]
+        return lambda q, k, v, causal: attention_naive_torch(q, k, v, causal, return_lse=False)[0]
     return _sdpa({"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                   "sdpa-efficient": "EFFICIENT_ATTENTION", "sdpa-math": "MATH"}[name])
 

@@ -65,11 +65,13 @@ def attention_naive(q, k, v, causal: bool = False, scale=None):
     return o, lse
 
 
-def attention_naive_torch(q, k, v, causal: bool = False, scale=None):
+def attention_naive_torch(q, k, v, causal: bool = False, scale=None, return_lse: bool = True):
     """Torch version of :func:`attention_naive` for tensors (..., N, D); differentiable.
 
-    Returns ``(o, lse)``.  Run it on float64 inputs to get the reference the tests
-    and the grader compare against; run it in fp16 to get "PyTorch's own error".
+    Returns ``(o, lse)`` (``lse`` is None when ``return_lse=False``, which skips its
+    float32 copy of S: what a plain implementation would allocate).  Run it on float64
+    inputs to get the reference the tests and the grader compare against; run it in
+    fp16 to get "PyTorch's own error".
     """
     import torch
 
@@ -78,7 +80,9 @@ def attention_naive_torch(q, k, v, causal: bool = False, scale=None):
         nq, nk = s.shape[-2], s.shape[-1]
         keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril()
         s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s.float() if s.dtype in (torch.float16, torch.bfloat16) else s, dim=-1)
+    lse = None
+    if return_lse:
+        lse = torch.logsumexp(s.float() if s.dtype in (torch.float16, torch.bfloat16) else s, dim=-1)
     p = torch.softmax(s, dim=-1)
     return p @ v, lse
 

@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
-# One GPU session's worth of checks and timings: the test suite on CUDA, then the benchmark.
-# Usage: bash scripts/gpu_run.sh OUTDIR [bench args...]
+# Checks and timings on a GPU machine in one call.
+#   bash scripts/gpu_run.sh OUTDIR tests           the whole test suite on CUDA (executed notebooks kept)
+#   bash scripts/gpu_run.sh OUTDIR bench [ARGS]    peak memory at N=16384, then python -m flashlab bench ARGS
+# Python packages the machine lacks may be put as wheels in .whl/ (installed into /tmp/site).
 set -uo pipefail
-out=${1:-.out}; shift || true
+out=${1:-.out}; what=${2:-tests}; shift 2 || true
 mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -m flashlab env | tee "$out/env.txt"
-python3 -m pytest -q -x -p no:cacheprovider tests/test_attention.py tests/test_gpu.py tests/test_reference.py 2>&1 | tail -30 | tee "$out/pytest.txt"
-python3 - <<'PY' 2>&1 | tee "$out/memory.txt"
+if [ "$what" = tests ]; then
+  FLASHLAB_EXECUTED_DIR="$out/executed" python3 -m pytest -q -p no:cacheprovider --durations=15 2>&1 \
+    | tee "$out/pytest.txt" | tail -40
+  (cd "$out" && tar czf executed.tgz executed && rm -rf executed)
+else
+  python3 - <<'PY' 2>&1 | tee "$out/memory.txt"
 import torch
 from flashlab import bench, flash_attention
-from flashlab.reference import attention_naive_torch
 for D in (64, 128):
     for causal in (False, True):
-        p = bench.peak_memory(lambda q, k, v, c: flash_attention(q, k, v, c), 16384, D, torch.float16, 1, 2048 // D, causal)
-        print(f"peak fwd+bwd above inputs/outputs, N=16384 D={D} H={2048//D} causal={causal}: {p/2**20:.1f} MiB "
-              f"(inputs {3*2048*16384*2/2**20:.0f} MiB; one S would be {(2048//D)*16384**2*2/2**30:.1f} GiB)")
+        H = 2048 // D
+        p = bench.peak_memory(lambda q, k, v, c: flash_attention(q, k, v, c), 16384, D, torch.float16, 1, H, causal)
+        print(f"N=16384 D={D} H={H} causal={causal}: fwd+bwd peak above inputs, grads and O: {p / 2**20:.1f} MiB "
+              f"(q, k, v: {3 * H * 16384 * D * 2 / 2**20:.0f} MiB; one S: {H * 16384**2 * 2 / 2**30:.0f} GiB)")
 PY
-python3 -m flashlab bench --json "$out/bench.json" "$@" 2>&1 | tee "$out/bench.txt"
+  python3 -m flashlab bench --json "$out/bench.json" "$@" 2>&1 | tee "$out/bench.txt" | tail -80
+fi

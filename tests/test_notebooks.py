@@ -28,6 +28,10 @@ def _run(path, tmp_path, timeout=600):
                        resources={"metadata": {"path": str(path.parent)}}).execute()
     finally:
         del os.environ["FLASHLAB_GRADE_LOG"]
+        keep = os.environ.get("FLASHLAB_EXECUTED_DIR")   # to read a run's figures and numbers afterwards
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, Path(keep) / f"{path.parent.name}-{path.name}")
     return [json.loads(l) for l in log.read_text().splitlines()] if log.exists() else []
 
 
