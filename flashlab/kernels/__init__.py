@@ -40,14 +40,21 @@ def forward_config(head_dim: int, dtype: torch.dtype) -> Config:
     return Config(64, 32, num_warps=4, num_stages=2)
 
 
-def backward_config(head_dim: int, dtype: torch.dtype) -> Config:
+def backward_config(head_dim: int, dtype: torch.dtype) -> tuple:
+    """(dK/dV kernel config, dQ kernel config): each kernel has its own best tile shape.
+
+    The dK/dV kernel keeps a K/V tile of block_n rows and streams Q tiles of block_m rows;
+    the dQ kernel keeps a Q tile of block_m rows and streams K/V tiles of block_n rows.
+    """
     if device.INTERPRET:
-        return Config(32, 32)
+        return Config(32, 32), Config(32, 32)
     if dtype == torch.float32 or head_dim > 128:
-        return Config(32, 32, num_warps=4, num_stages=1)
+        return Config(32, 32, num_warps=4, num_stages=1), Config(32, 32, num_warps=4, num_stages=1)
+    # Picked by scripts/sweep_backward.py on an H200 (docs/BENCHMARKS.md): the dQ kernel wants the
+    # transposed tile of the dK/dV kernel (its stationary side is the large one).
     if head_dim <= 64:
-        return Config(64, 128, num_warps=8, num_stages=2)
-    return Config(64, 64, num_warps=8, num_stages=2)
+        return Config(32, 64, num_warps=4, num_stages=3), Config(64, 32, num_warps=4, num_stages=3)
+    return Config(64, 128, num_warps=8, num_stages=3), Config(128, 64, num_warps=8, num_stages=3)
 
 
 def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
@@ -75,26 +82,29 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *,
-                    allow_tf32: bool = False, config: Config | None = None):
-    """Write dQ, dK, dV into ``dq``, ``dk``, ``dv`` (shaped like q, k, v)."""
+                    allow_tf32: bool = False, config: tuple | None = None):
+    """Write dQ, dK, dV into ``dq``, ``dk``, ``dv`` (shaped like q, k, v).
+
+    ``config``: (dK/dV config, dQ config), default :func:`backward_config`.
+    """
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    cfg = config or backward_config(D, q.dtype)
+    c1, c2 = config or backward_config(D, q.dtype)
     prec = _dot_precision(q.dtype, allow_tf32)
     delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
     pre_m = 64 if not device.INTERPRET else 32
     flash_bwd_preprocess[(triton.cdiv(Nq, pre_m), B * H)](
         o, do, delta, *o.stride(), *do.stride(), H, Nq, BLOCK_M=pre_m, HEAD_DIM=D)
-    common = dict(CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D,
-                  DOT_PRECISION=prec, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    flash_bwd_dkdv_kernel[(triton.cdiv(Nk, cfg.block_n), B * H)](
+    flash_bwd_dkdv_kernel[(triton.cdiv(Nk, c1.block_n), B * H)](
         q, k, v, do, lse, delta, dk, dv,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *lse.stride(),
-        H, Nq, Nk, scale, **common)
-    flash_bwd_dq_kernel[(triton.cdiv(Nq, cfg.block_m), B * H)](
+        H, Nq, Nk, scale, CAUSAL=causal, BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, HEAD_DIM=D,
+        DOT_PRECISION=prec, num_warps=c1.num_warps, num_stages=c1.num_stages)
+    flash_bwd_dq_kernel[(triton.cdiv(Nq, c2.block_m), B * H)](
         q, k, v, do, lse, delta, dq,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *lse.stride(),
-        H, Nq, Nk, scale, **common)
+        H, Nq, Nk, scale, CAUSAL=causal, BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, HEAD_DIM=D,
+        DOT_PRECISION=prec, num_warps=c2.num_warps, num_stages=c2.num_stages)
 
 
 def default_scale(head_dim: int) -> float:

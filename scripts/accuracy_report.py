@@ -1,0 +1,40 @@
+"""Max errors of flashlab.flash_attention against float64, per dtype, next to PyTorch's own.
+
+    python scripts/accuracy_report.py            # small sizes in the interpreter, larger on a GPU
+
+Prints, per dtype and output (o, lse, dq, dk, dv), the worst error over ragged shapes, both
+causal modes and large-magnitude logits, PyTorch's same-dtype error on the same case, and the
+accuracy rule's bound (flashlab.accuracy).
+"""
+import torch
+
+import flashlab
+from flashlab import device
+from flashlab.accuracy import check_attention
+
+SHAPES = device.pick(gpu=[(2, 4, 1000, 1000, 64), (1, 8, 1537, 777, 128), (2, 2, 333, 333, 256)],
+                     cpu=[(2, 2, 100, 129, 32), (1, 2, 129, 100, 64)])
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def fa(q, k, v, causal, scale):
+    return flashlab.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+
+
+torch.manual_seed(0)
+worst = {}
+for dtype in DTYPES:
+    for (B, H, nq, nk, D) in SHAPES:
+        for causal in (False, True):
+            for mag in (1.0, 8.0):
+                q = (mag * torch.randn(B, H, nq, D, device=device.DEVICE)).to(dtype)
+                k = (mag * torch.randn(B, H, nk, D, device=device.DEVICE)).to(dtype)
+                v = torch.randn(B, H, nk, D, device=device.DEVICE).to(dtype)
+                for c in check_attention(fa, q, k, v, causal):
+                    key = (str(dtype).split(".")[1], c.name)
+                    if key not in worst or c.err / c.bound > worst[key][0].err / worst[key][0].bound:
+                        worst[key] = (c, f"{(B, H, nq, nk, D)} causal={causal} |q|,|k|~{mag}")
+print(f"device: {device.DEVICE}, interpreter: {device.INTERPRET}")
+print(f"{'dtype':<9}{'out':<5}{'max err':>10}{'torch err':>11}{'bound':>10}  ok   worst case")
+for (dt, name), (c, case) in worst.items():
+    print(f"{dt:<9}{name:<5}{c.err:>10.2e}{c.torch_err:>11.2e}{c.bound:>10.2e}  {'yes' if c.ok else 'NO '}  {case}")
