@@ -12,7 +12,7 @@ import flashlab
 from flashlab import device
 from flashlab.accuracy import check_attention
 
-SHAPES = device.pick(gpu=[(2, 4, 1000, 1000, 64), (1, 8, 1537, 777, 128), (2, 2, 333, 333, 256)],
+SHAPES = device.pick(gpu=[(2, 4, 1000, 1000, 64), (1, 4, 1537, 777, 128)],
                      cpu=[(2, 2, 100, 129, 32), (1, 2, 129, 100, 64)])
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -30,11 +30,14 @@ for dtype in DTYPES:
                 q = (mag * torch.randn(B, H, nq, D, device=device.DEVICE)).to(dtype)
                 k = (mag * torch.randn(B, H, nk, D, device=device.DEVICE)).to(dtype)
                 v = torch.randn(B, H, nk, D, device=device.DEVICE).to(dtype)
-                for c in check_attention(fa, q, k, v, causal):
+                checks = check_attention(fa, q, k, v, causal)
+                print(f"{str(dtype):<15}{str((B, H, nq, nk, D)):<26}causal={causal!s:<6}|q|,|k|~{mag}: "
+                      + "  ".join(f"{c.name} {c.err:.1e}/{c.bound:.1e}" for c in checks), flush=True)
+                for c in checks:
                     key = (str(dtype).split(".")[1], c.name)
                     if key not in worst or c.err / c.bound > worst[key][0].err / worst[key][0].bound:
                         worst[key] = (c, f"{(B, H, nq, nk, D)} causal={causal} |q|,|k|~{mag}")
 print(f"device: {device.DEVICE}, interpreter: {device.INTERPRET}")
-print(f"{'dtype':<9}{'out':<5}{'max err':>10}{'torch err':>11}{'bound':>10}  ok   worst case")
+print(f"{'dtype':<9}{'out':<5}{'err':>10}{'torch err':>11}{'bound':>10}  ok   case with the largest err/bound")
 for (dt, name), (c, case) in worst.items():
     print(f"{dt:<9}{name:<5}{c.err:>10.2e}{c.torch_err:>11.2e}{c.bound:>10.2e}  {'yes' if c.ok else 'NO '}  {case}")
