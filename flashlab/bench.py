@@ -32,16 +32,6 @@ def flops(B, H, Nq, Nk, D, causal: bool, mode: str = "fwd") -> float:
     return f * (2.5 if mode == "bwd" else 1.0)
 
 
-def hbm_bytes_naive(B, H, N, D, elem: int = 2) -> float:
-    """Bytes a naive forward moves: Q, K, V read, S written and read, P written and read, O written."""
-    return elem * B * H * (4 * N * D + 4 * N * N)
-
-
-def hbm_bytes_flash(B, H, N, D, elem: int = 2) -> float:
-    """Bytes an ideal fused forward moves: Q, K, V read once, O written once (+ the LSE)."""
-    return elem * B * H * 4 * N * D + 4 * B * H * N
-
-
 def _require_gpu():
     if device.DEVICE.type != "cuda":
         raise RuntimeError("timings need a CUDA GPU; in the interpreter only correctness is meaningful")

@@ -11,7 +11,7 @@ from triton.testing import do_bench
 
 import flashlab  # noqa: F401
 from flashlab.bench import flops
-from flashlab.kernels import Config, backward_config, launch_backward, launch_forward
+from flashlab.kernels import Config, launch_backward, launch_forward
 
 C = Config
 CANDIDATES = {

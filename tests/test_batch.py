@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from flashlab.grader.assign import assign, is_edited, make_exercise, strip_solution
+from flashlab.grader.assign import assign, is_edited, strip_solution
 from flashlab.grader.batch import grade_all
 
 ROOT = Path(__file__).resolve().parents[1]

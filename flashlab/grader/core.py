@@ -160,7 +160,7 @@ def diagnose(ex: Exercise, case: Case, out: dict, ref: dict):
     return None
 
 
-def symptom_hints(ex: Exercise, results, cases, outs) -> list:
+def symptom_hints(ex: Exercise, results, cases) -> list:
     """Hints from the pattern of failures, when no known bug matched."""
     hints = []
     failing = [(r, c) for r, c in zip(results, cases) if r.status == "fail"]
@@ -207,7 +207,6 @@ def grade(ex: Exercise, candidate, seed: int | None = None, visible_only: bool =
     if visible_only:
         cases = [c for c in cases if c.visible]
     result = Result(ex.name)
-    outs = []
     hidden_no = 0
     diagnosed = None
     for case in cases:
@@ -246,11 +245,10 @@ def grade(ex: Exercise, candidate, seed: int | None = None, visible_only: bool =
                         if not np.isfinite(heat).all() or heat.max() > 1e-3:  # only when O itself is wrong
                             cr.heatmap, cr.heat_labels = probe.value
         result.cases.append(cr)
-        outs.append(outcome)
     if diagnosed is not None:
         result.hints.append(f"This looks like a known bug, {diagnosed.title}: {diagnosed.hint}")
     else:
-        result.hints += symptom_hints(ex, result.cases, cases, outs)
+        result.hints += symptom_hints(ex, result.cases, cases)
     if any(c.status == "crash" for c in result.cases):
         result.hints.append("The process running your kernel crashed: in the interpreter an unmasked or "
                             "mis-offset tl.store writes outside every buffer. Check each store's mask "

@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -105,7 +104,3 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *lse.stride(),
         H, Nq, Nk, scale, CAUSAL=causal, BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, HEAD_DIM=D,
         DOT_PRECISION=prec, num_warps=c2.num_warps, num_stages=c2.num_stages)
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
