@@ -50,10 +50,10 @@ def test_tiled_matches_naive(rng, algo, nq, nk, d, causal, blocks):
 
 @pytest.mark.parametrize("algo", [R.attention_fa1, R.attention_fa2])
 def test_tiled_large_logits(rng, algo):
-    """Scores of ~1e4: e^s overflows float64 unless the max is subtracted."""
-    q, k, v = _qkv(rng, 50, 70, 16, mag=300.0)
+    """Scores in the thousands: e^s overflows float64 (past 709) unless the max is subtracted."""
+    q, k, v = _qkv(rng, 50, 70, 16, mag=600.0)
     o_ref, lse_ref = R.attention_naive(q, k, v, True)
-    assert np.abs(lse_ref).max() > 1000
+    assert np.abs(lse_ref).max() > 709, "test data too tame to overflow float64"
     o, lse = algo(q, k, v, True, 16, 16)
     assert np.isfinite(o).all()
     np.testing.assert_allclose(o, o_ref, atol=1e-10)
