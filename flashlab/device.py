@@ -77,7 +77,7 @@ def report() -> dict:
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "triton": _triton_version(),
+        "triton": _version_of("triton"),
         "numpy": _version_of("numpy"),
         "device": str(DEVICE),
         "interpreter": INTERPRET,
@@ -111,6 +111,3 @@ def _version_of(module: str):
     except Exception:
         return None
 
-
-def _triton_version():
-    return _version_of("triton")

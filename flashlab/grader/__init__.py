@@ -25,12 +25,12 @@ def exercises() -> dict:
     return {name: ex.contract for name, ex in EXERCISES.items()}
 
 
-def grade(name: str, candidate, *, seed: int | None = None, visible_only: bool = False) -> Result:
+def grade(name: str, candidate, *, seed: int | None = None) -> Result:
     """Grade ``candidate`` for the exercise ``name``; returns a Result (``.passed``, ``.hints``, ``.cases``)."""
     if name not in EXERCISES:
         raise ValueError(f"unknown exercise {name!r}; the exercises are: {', '.join(EXERCISES)}")
     if not callable(candidate):
         raise TypeError(f"grade({name!r}, candidate): candidate must be a function, got {type(candidate).__name__}")
-    result = _grade(EXERCISES[name], candidate, seed=seed, visible_only=visible_only)
+    result = _grade(EXERCISES[name], candidate, seed=seed)
     log_result(result)  # batch grading collects results this way; a no-op otherwise
     return result

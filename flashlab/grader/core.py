@@ -201,12 +201,13 @@ def _is_ragged(case: Case) -> bool:
     return False
 
 
-def grade(ex: Exercise, candidate, seed: int | None = None, visible_only: bool = False) -> Result:
-    rng = np.random.default_rng(seed)
-    cases = ex.make_cases(rng)
-    if visible_only:
-        cases = [c for c in cases if c.visible]
+def grade(ex: Exercise, candidate, seed: int | None = None) -> Result:
+    cases = ex.make_cases(np.random.default_rng(seed))
     result = Result(ex.name)
+
+    def run(job):
+        return sandbox.call_isolated(job, ex.timeout) if ex.isolate else sandbox.call(job)
+
     hidden_no = 0
     diagnosed = None
     for case in cases:
@@ -215,9 +216,7 @@ def grade(ex: Exercise, candidate, seed: int | None = None, visible_only: bool =
         else:
             hidden_no += 1
             label = f"hidden case {hidden_no}"
-        runner = sandbox.call_isolated if ex.isolate else None
-        job = (lambda c=case: ex.run(candidate, c))
-        outcome = runner(job, ex.timeout) if runner else sandbox.call(job)
+        outcome = run(lambda c=case: ex.run(candidate, c))
         cr = CaseResult(label, case.describe(), "pass")
         if outcome.status == "not implemented":
             result.cases = [CaseResult(label, case.describe(), "not implemented", "not implemented yet")]
@@ -233,13 +232,9 @@ def grade(ex: Exercise, candidate, seed: int | None = None, visible_only: bool =
             if not ok:
                 cr.status, cr.message, cr.details, cr.max_err = "fail", msg, details, max_err
                 if diagnosed is None:
-                    bug = diagnose(ex, case, out, ref)
-                    if bug is not None:
-                        diagnosed = bug
-                        cr.hint = f"This looks like a known bug, {bug.title}: {bug.hint}"
+                    diagnosed = diagnose(ex, case, out, ref)
                 if ex.probe is not None and result.first_failure() is None and not out.get("_stray"):
-                    probe = (runner(lambda c=case: ex.probe(candidate, c), ex.timeout) if runner
-                             else sandbox.call(lambda c=case: ex.probe(candidate, c)))
+                    probe = run(lambda c=case: ex.probe(candidate, c))
                     if probe.status == "ok" and probe.value is not None:
                         heat = probe.value[0]
                         if not np.isfinite(heat).all() or heat.max() > 1e-3:  # only when O itself is wrong

@@ -25,7 +25,6 @@ class CaseResult:
     max_err: float = 0.0
     heatmap: np.ndarray | None = None   # |error| over (query block x key block)
     heat_labels: tuple = ("query block", "key block")
-    hint: str = ""
 
     @property
     def passed(self) -> bool:
