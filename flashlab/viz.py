@@ -20,6 +20,17 @@ H200_BANDWIDTH = 4.3e12      # bytes/s, device-to-device copy (read + write)
 H200_MATMUL = 790e12         # FLOP/s, 8192^3 bf16 matmul on random data
 
 
+def _finish_loglog(fig, ax, xlabel, ylabel, title, legend_loc="best", legend_size=8):
+    """The common ending of the course's log-scale line plots: labels, legend, grid, layout."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size, loc=legend_loc)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 # ----------------------------------------------------------------------------
 # 01: the N^2 wall
 # ----------------------------------------------------------------------------
@@ -55,13 +66,8 @@ def fig_memory_vs_n(ns, D=64, B=1, H=16, elem=2, measured=None):
         ax.loglog(ns[:len(vals)], np.asarray(vals) / 2**30, "o-", color=f"C{i + 1}", label=f"{name} (measured)")
     ax.axhline(141, color="gray", lw=0.8)
     ax.text(ns[0], 141 * 1.15, "one H200: 141 GB", color="gray", fontsize=8)
-    ax.set_xlabel("sequence length N")
-    ax.set_ylabel("GiB above the inputs")
-    ax.set_title(f"Memory of one attention call, B={B}, H={H}, D={D}, {8 * elem}-bit")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish_loglog(fig, ax, "sequence length N", "GiB above the inputs",
+                          f"Memory of one attention call, B={B}, H={H}, D={D}, {8 * elem}-bit")
 
 
 def fig_roofline(points, bandwidth=H200_BANDWIDTH, peak=H200_MATMUL, title="Roofline (H200)"):
@@ -80,13 +86,8 @@ def fig_roofline(points, bandwidth=H200_BANDWIDTH, peak=H200_MATMUL, title="Roof
         ax.plot([x], [bound / 1e12], "o", color=f"C{i}", label=f"{name}: {x:.0f} FLOP/B, bound {bound / 1e12:.0f} TFLOP/s")
         if len(pt) > 2 and pt[2]:
             ax.plot([x], [pt[2] / 1e12], "x", color=f"C{i}", ms=9)
-    ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish_loglog(fig, ax, "arithmetic intensity (FLOP per HBM byte)", "TFLOP/s", title,
+                          legend_loc="lower right", legend_size=7)
 
 
 def fig_op_breakdown(times_ms: dict, fused_ms: float | None = None, title="Where the time goes"):
@@ -277,13 +278,8 @@ def fig_hbm_traffic(ns, D=64, bq=128, bk=64, elem=2):
     for name, style in (("naive", "C3"), ("FA1", "C2"), ("FA2", "C0")):
         ax.loglog(ns, t[name] / 2**20, "o-", color=style, ms=3, label=name)
     ax.loglog(ns, elem * 4 * ns * D / 2**20, "k:", label="lower bound: read Q, K, V, write O")
-    ax.set_xlabel("sequence length N")
-    ax.set_ylabel("MiB moved to/from HBM (one head)")
-    ax.set_title(f"Modelled HBM traffic, D={D}, B_r={bq}, B_c={bk}, {8 * elem}-bit")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish_loglog(fig, ax, "sequence length N", "MiB moved to/from HBM (one head)",
+                          f"Modelled HBM traffic, D={D}, B_r={bq}, B_c={bk}, {8 * elem}-bit")
 
 
 def fig_bars(values: dict, ylabel: str, title: str = ""):
@@ -307,13 +303,7 @@ def fig_error_vs(xs, errs: dict, xlabel: str, title: str = ""):
     for name, e in errs.items():
         e = np.asarray(e, dtype=float)
         ax.semilogy(xs, np.where(np.isfinite(e), np.maximum(e, 1e-18), np.nan), "o-", label=name)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("max |error| vs naive")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return _finish_loglog(fig, ax, xlabel, "max |error| vs naive", title)
 
 
 # ----------------------------------------------------------------------------
