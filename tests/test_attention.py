@@ -117,8 +117,8 @@ def test_backward_is_deterministic(rng):
         assert torch.equal(a, b)
 
 
-def test_gradcheck_float64_via_fp32_kernel(rng):
-    """Gradient flows to every input and matches finite differences of the reference."""
+def test_gradients_reach_every_input(rng):
+    """Gradient flows to every input, finite, and zero where the output cannot depend on it."""
     q, k, v = (_rand((1, 1, 9, 16), torch.float32).requires_grad_() for _ in range(3))
     flash_attention(q, k, v, True).sum().backward()
     for t in (q, k, v):
