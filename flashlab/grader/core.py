@@ -201,12 +201,24 @@ def _is_ragged(case: Case) -> bool:
     return False
 
 
-def grade(ex: Exercise, candidate, seed: int | None = None) -> Result:
+def local_executor(ex: Exercise, candidate):
+    """How a candidate is run in the learner's own session: ``execute(kind, case) -> Outcome``
+    with kind "run" (``ex.run``) or "probe" (``ex.probe``), in a forked child when the exercise
+    asks for isolation.  Batch grading passes another executor, which runs the candidate in a
+    sandboxed process and receives plain arrays back; the verdict below never changes with it."""
+    def execute(kind: str, case: Case):
+        fn = ex.run if kind == "run" else ex.probe
+        job = lambda: fn(candidate, case)  # noqa: E731
+        return sandbox.call_isolated(job, ex.timeout) if ex.isolate else sandbox.call(job)
+    return execute
+
+
+def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None) -> Result:
+    """Grade ``candidate`` on freshly drawn cases.  The cases, the references, the comparison and
+    the diagnosis are computed here; only ``execute(kind, case)`` runs the learner's code."""
     cases = ex.make_cases(np.random.default_rng(seed))
     result = Result(ex.name)
-
-    def run(job):
-        return sandbox.call_isolated(job, ex.timeout) if ex.isolate else sandbox.call(job)
+    execute = execute or local_executor(ex, candidate)
 
     hidden_no = 0
     diagnosed = None
@@ -216,7 +228,7 @@ def grade(ex: Exercise, candidate, seed: int | None = None) -> Result:
         else:
             hidden_no += 1
             label = f"hidden case {hidden_no}"
-        outcome = run(lambda c=case: ex.run(candidate, c))
+        outcome = execute("run", case)
         cr = CaseResult(label, case.describe(), "pass")
         if outcome.status == "not implemented":
             result.cases = [CaseResult(label, case.describe(), "not implemented", "not implemented yet")]
@@ -234,7 +246,7 @@ def grade(ex: Exercise, candidate, seed: int | None = None) -> Result:
                 if diagnosed is None:
                     diagnosed = diagnose(ex, case, out, ref)
                 if ex.probe is not None and result.first_failure() is None and not out.get("_stray"):
-                    probe = run(lambda c=case: ex.probe(candidate, c))
+                    probe = execute("probe", case)
                     if probe.status == "ok" and probe.value is not None:
                         heat = probe.value[0]
                         if not np.isfinite(heat).all() or heat.max() > 1e-3:  # only when O itself is wrong
