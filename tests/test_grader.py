@@ -33,37 +33,29 @@ def test_every_exercise_has_a_contract():
     ("online_softmax", R.online_softmax),
     ("attention_naive", lambda q, k, v, c: R.attention_naive(q, k, v, c)[0]),
     ("attention_tiled", R.attention_fa2),
-    ("attention_tiled", R.attention_fa1),                                  # the other loop order
-    ("attention_tiled", lambda q, k, v, c, bq, bk: R.attention_fa2(q, k, v, c, 2 * bq, max(1, bk // 2))),
+    ("attention_tiled", R.attention_fa1),
 ])
-def test_reference_solutions_pass(name, fn):
+def test_reference_code_is_refused_with_the_reason(name, fn):
+    """The references are what a NumPy exercise is compared with: handing them in is not an answer."""
     r = grade(name, fn)
+    assert not r.passed
+    assert all(c.message == "right answer, wrong algorithm" for c in r.cases), str(r)
+    assert "asks for your own" in "\n".join(r.first_failure().details)
+
+
+def own_online_softmax(x, b):
+    m, l = np.full(x.shape[0], -np.inf), np.zeros(x.shape[0])
+    for j in range(0, x.shape[1], b):
+        m_new = np.maximum(m, x[:, j:j + b].max(1))
+        l = np.exp(m - m_new) * l + np.exp(x[:, j:j + b] - m_new[:, None]).sum(1)
+        m = m_new
+    return np.exp(x - m[:, None]) / l[:, None]
+
+
+def test_own_code_passes():
+    r = grade("online_softmax", own_online_softmax)
     assert r.passed, str(r)
     assert "all cases pass" in str(r) and "✅" in r._repr_html_()
-
-
-def _exp2_tiled(q, k, v, causal, bq, bk):
-    """A correct variant working in base 2 (as GPU kernels do)."""
-    log2e = 1 / math.log(2)
-    s_all = (q @ k.T) / math.sqrt(q.shape[1]) * log2e
-    if causal:
-        s_all = np.where(R.causal_mask(*s_all.shape), s_all, -np.inf)
-    m = np.full(len(q), -np.inf)
-    l = np.zeros(len(q))
-    acc = np.zeros((len(q), v.shape[1]))
-    for j in range(0, len(k), bk):
-        s = s_all[:, j:j + bk]
-        m_new = np.maximum(m, s.max(1))
-        alpha = np.exp2(m - m_new)
-        p = np.exp2(s - m_new[:, None])
-        l = alpha * l + p.sum(1)
-        acc = alpha[:, None] * acc + p @ v[j:j + bk]
-        m = m_new
-    return acc / l[:, None], (m + np.log2(l)) / log2e
-
-
-def test_exp2_variant_passes():
-    assert grade("attention_tiled", _exp2_tiled).passed
 
 
 def _fwd(q, k, v, o, lse, causal):
@@ -270,8 +262,8 @@ def test_wild_store_crash_becomes_a_report():
     r = grade("flash_forward", make_forward(wild_store=True), seed=16)
     assert not r.passed
     assert r.cases[0].status == "crash" and any("out-of-bounds" in d for d in r.cases[0].details)
-    assert os.getpid() > 0  # still alive
-    assert grade("online_softmax", R.online_softmax).passed   # and still grading
+    assert all(c.status != "crash" for c in r.cases[1:]), str(r)   # only the wild case crashed
+    assert grade("online_softmax", own_online_softmax).passed       # and this process still grades
 
 
 def test_unknown_exercise_and_non_callable():

@@ -38,17 +38,22 @@ def keep_mask(nq, nk, causal, kind="top_left"):
             "bottom_right": j <= i + (nk - nq)}[kind]
 
 
-def fa2_mutant(q, k, v, causal, block_k, scale, rescale="mul", rescale_l=True, phantom_tail=False):
+def fa2_mutant(q, k, v, causal, block_k, scale, rescale="mul", rescale_l=True, phantom_tail=False, m0=-np.inf):
     """The FA2 inner loop over key tiles with one mistake switched on.
 
     rescale: how the accumulator is corrected when the max grows:
         "mul" (right), "none" (forgot alpha), "div" (divided by alpha: the paper's
-        diag(...)^-1 typo taken literally).
+        diag(...)^-1 misprint taken literally; alpha = e^(-inf) = 0 on the first tile, so 0/0 = NaN),
+        "div_guarded" (divided by alpha, with the first tile special-cased so that it is not NaN),
+        "norm_inside" (O~ divided by l at every step, not once at the end),
+        "norm_twice" (as "norm_inside", and divided by l once more at the end).
     phantom_tail: the last tile is padded with zero keys that are not masked (score 0).
+    m0: the running max's starting value (right: -inf; 0 is a mistake that gives 0/0 for
+        rows whose scores are all below about -745).
     """
     nq, nk = q.shape[0], k.shape[0]
     keep_all = keep_mask(nq, nk, causal)
-    m = np.full(nq, -np.inf)
+    m = np.full(nq, float(m0))
     l = np.zeros(nq)
     acc = np.zeros((nq, v.shape[1]))
     with np.errstate(all="ignore"):
@@ -63,13 +68,76 @@ def fa2_mutant(q, k, v, causal, block_k, scale, rescale="mul", rescale_l=True, p
             p = np.exp(s - m_new[:, None])
             alpha = np.exp(m - m_new)
             l = (alpha if rescale_l else 1.0) * l + p.sum(axis=1)
-            if rescale == "mul":
+            if rescale in ("mul", "norm_inside", "norm_twice"):
                 acc = alpha[:, None] * acc
             elif rescale == "div":
                 acc = acc / alpha[:, None]
+            elif rescale == "div_guarded":
+                acc = acc / np.where(np.isneginf(m), 1.0, alpha)[:, None]
             acc = acc + p @ vj
+            if rescale in ("norm_inside", "norm_twice"):
+                acc = acc / l[:, None]
             m = m_new
-        return acc / l[:, None], m + np.log(l)
+        o = acc if rescale == "norm_inside" else acc / l[:, None]
+        return o, m + np.log(l)
+
+
+def tiled_skip(q, k, v, causal, block_q, block_k, scale, skip):
+    """FA2 with Q tiles whose causal tile skipping uses ``skip(i, j, i0, j0) -> bool`` (True: skip)."""
+    nq, nk = q.shape[0], k.shape[0]
+    o, lse = np.zeros((nq, v.shape[1])), np.zeros(nq)
+    with np.errstate(all="ignore"):
+        for i, i0 in enumerate(range(0, nq, block_q)):
+            qi = q[i0:i0 + block_q]
+            br = qi.shape[0]
+            m, l, acc = np.full(br, -np.inf), np.zeros(br), np.zeros((br, v.shape[1]))
+            for j, j0 in enumerate(range(0, nk, block_k)):
+                if causal and skip(i, j, i0, j0):
+                    continue
+                kj, vj = k[j0:j0 + block_k], v[j0:j0 + block_k]
+                s = scale * (qi @ kj.T)
+                if causal:
+                    s = np.where(R.causal_mask(br, kj.shape[0], i0, j0), s, -np.inf)
+                m_new = np.maximum(m, s.max(axis=1))
+                p = np.exp(s - m_new[:, None])
+                alpha = np.exp(m - m_new)
+                l = alpha * l + p.sum(axis=1)
+                acc = alpha[:, None] * acc + p @ vj
+                m = m_new
+            o[i0:i0 + br], lse[i0:i0 + br] = acc / l[:, None], m + np.log(l)
+    return o, lse
+
+
+def tile_skip_bugs():
+    """Causal tile skipping with a wrong test; only wrong when block_q != block_k.
+    (key, title, hint, fn(q, k, v, causal, scale, block_q, block_k) -> (o, lse) or None)."""
+    hint = ("a key tile may be skipped only when its first key comes after the query tile's last query: "
+            "skip K tile j (first key j·block_k) for Q tile i when j·block_k > min((i+1)·block_q, Nq) − 1. "
+            "Comparing tile numbers (j > i) or tile starts (j·block_k > i·block_q) is right only when "
+            "block_q = block_k.")
+
+    def by_index(q, k, v, c, s, bq, bk):
+        return tiled_skip(q, k, v, c, bq, bk, s, lambda i, j, i0, j0: j > i) if c and bq != bk else None
+
+    def by_start(q, k, v, c, s, bq, bk):
+        return tiled_skip(q, k, v, c, bq, bk, s, lambda i, j, i0, j0: j0 > i0) if c and bq != bk else None
+
+    return [
+        ("skip_by_index", "causal tiles skipped by comparing tile numbers (j > i)", hint, by_index),
+        ("skip_by_start", "causal tiles skipped by comparing tile starts (j·block_k > i·block_q)", hint, by_start),
+    ]
+
+
+# Which attention mistakes need tiles (not named for naive attention), which may be named for an
+# all-NaN output, and the hints naive attention gets instead of the tiled ones.
+TILE_ONLY = {"forgot_alpha", "forgot_alpha_l", "divide_alpha", "divide_alpha_guarded", "unmasked_tail",
+             "normalise_inside", "normalise_twice", "m_init_zero"}
+NAN_OK = {"divide_alpha"}
+NAIVE_HINTS = {
+    "no_normalise": "divide each row of e^(S − m) by its sum before multiplying by V: "
+                    "P = e^(S − m)/rowsum(e^(S − m)).",
+    "no_max": "e^S overflows for large scores: subtract each row's maximum before exponentiating.",
+}
 
 
 def attention_bugs():
@@ -110,14 +178,50 @@ def attention_bugs():
         ("forgot_alpha_l", "running sum l not rescaled",
          "l must be rescaled too: l_new = alpha * l + rowsum(P~).",
          lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, rescale="mul", rescale_l=False)),
-        ("divide_alpha", "divided by alpha instead of multiplying",
-         "the rescale is O~ <- diag(alpha) O~ with alpha = e^(m_old - m_new) <= 1. The FA2 paper's "
-         "Algorithm 1 prints diag(...)^-1 there; taken literally it divides, which is wrong.",
-         lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, rescale="div")),
+        ("divide_alpha_guarded", "divided by alpha instead of multiplying (first tile special-cased)",
+         "the rescale is O~ <- diag(alpha) O~ with alpha = e^(m_old - m_new) <= 1: when the max grows the old "
+         "sum shrinks. Dividing inflates it by 1/alpha instead (special-casing the first tile, where "
+         "alpha = e^(-inf) = 0, only hides the 0/0 there). The FA2 paper's Algorithm 1 prints diag(...)^-1 "
+         "at this step; taken literally it divides, which is wrong.",
+         lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, rescale="div_guarded")),
+        ("normalise_inside", "output normalised inside the loop",
+         "O~ stays unnormalised during the loop over key tiles (rescaled by alpha only); divide by l once, "
+         "after the last tile: O = diag(l)^-1 O~. Dividing at every step mixes normalised and unnormalised "
+         "sums (FA1 keeps O normalised, but then rescales it by l_old/l_new, not by alpha).",
+         lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, rescale="norm_inside")),
+        ("normalise_twice", "output normalised inside the loop (and again at the end)",
+         "O~ stays unnormalised during the loop over key tiles (rescaled by alpha only); divide by l once, "
+         "after the last tile: O = diag(l)^-1 O~.",
+         lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, rescale="norm_twice")),
+        ("mask_after_softmax", "causal mask applied after the softmax",
+         "mask the scores (S_ij = -inf where j > i) before the softmax; zeroing probabilities after it leaves "
+         "rows that no longer sum to 1.",
+         lambda q, k, v, c, s, bk: _mask_after(q, k, v, c, s) if c else None),
+        ("m_init_zero", "running max started at 0",
+         "start the running max at m = -inf, not 0: for a row whose scores are all below about -745, "
+         "e^(S - 0) underflows to 0, l = 0 and O = 0/0 = NaN.",
+         lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, m0=0.0)),
         ("unmasked_tail", "ragged tail not masked",
          "past the last key, scores must be -inf (not 0): set s = -inf where j >= Nk.",
          lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, phantom_tail=True) if len(k) % bk else None),
+        ("divide_alpha", "divided by alpha (the diag(alpha)^-1 misprint, taken literally)",
+         "an output that is NaN everywhere is what dividing the accumulator by alpha gives: on the first tile "
+         "m_old = -inf, so alpha = e^(m_old - m_new) = e^(-inf) = 0 and O~/alpha = 0/0 = NaN, which then "
+         "spreads to every later tile. The rescale multiplies: O~ <- diag(alpha) O~ + P~ V_j (alpha <= 1 "
+         "shrinks the old sum when the max grows). The FA2 paper's Algorithm 1 prints diag(...)^-1 there.",
+         lambda q, k, v, c, s, bk: fa2_mutant(q, k, v, c, bk, s, rescale="div")),
     ]
+
+
+def _mask_after(q, k, v, causal, scale):
+    """Softmax over all keys, then the causal mask applied to P (not renormalised)."""
+    s = scale * (q @ k.T)
+    with np.errstate(all="ignore"):
+        m = s.max(axis=1, keepdims=True)
+        p = np.exp(s - m)
+        l = p.sum(axis=1, keepdims=True)
+        p = np.where(keep_mask(len(q), len(k), causal), p / l, 0.0)
+        return p @ v, (m + np.log(l))[:, 0]
 
 
 def lse_bugs():
@@ -161,7 +265,8 @@ def online_softmax_update_bugs():
          "when the max grows, the old sum was computed against the old max: l_new = e^(m - m_new) l + ...", no_alpha),
         ("div_alpha", "alpha upside down (divided by alpha)",
          "alpha = e^(m - m_new) <= 1 multiplies the old sum; dividing by it (or multiplying by "
-         "e^(m_new - m)) inflates the sum every time the max grows.", div_alpha),
+         "e^(m_new - m)) inflates the sum every time the max grows. On the first block m = -inf, so "
+         "alpha = e^(-inf) = 0 and l/alpha = 0/0 = NaN.", div_alpha),
         ("old_max", "new block exponentiated against the old max",
          "exponentiate the new block against m_new, the max after seeing it.", old_max),
         ("block_max_only", "state reset on every block",
@@ -188,6 +293,22 @@ def online_softmax_bugs():
         with np.errstate(all="ignore"):
             return np.exp(x - mb[:, None]) / l[:, None]
 
+    def m_init_zero(x, b):
+        m, l = np.zeros(x.shape[0]), np.zeros(x.shape[0])
+        with np.errstate(all="ignore"):
+            for j in range(0, x.shape[1], b):
+                m, l = R.online_softmax_update(m, l, x[:, j:j + b])
+            return np.exp(x - m[:, None]) / l[:, None]
+
+    def div_alpha(x, b):
+        m, l = np.full(x.shape[0], -np.inf), np.zeros(x.shape[0])
+        with np.errstate(all="ignore"):
+            for j in range(0, x.shape[1], b):
+                m_new = np.maximum(m, x[:, j:j + b].max(1))
+                l = l / np.exp(m - m_new) + np.exp(x[:, j:j + b] - m_new[:, None]).sum(1)
+                m = m_new
+            return np.exp(x - m[:, None]) / l[:, None]
+
     def unsafe(x, b):
         with np.errstate(all="ignore"):
             e = np.exp(x)
@@ -206,7 +327,17 @@ def online_softmax_bugs():
          last_block_max),
         ("unsafe", "no max subtraction", "e^x overflows for large x: subtract the row max.", unsafe),
         ("wrong_axis", "softmax along the wrong axis", "normalise each row (axis=-1), not each column.", wrong_axis),
+        ("m_init_zero", "running max started at 0",
+         "start from m = -inf, not 0: for a row whose values are all below about -745, e^(x - 0) underflows "
+         "to 0, l = 0 and p = 0/0 = NaN.", m_init_zero),
+        ("div_alpha", "divided by alpha",
+         "an output that is NaN everywhere is what dividing the running sum by alpha gives: on the first "
+         "block m = -inf, so alpha = e^(m - m_new) = e^(-inf) = 0 and l/alpha = 0/0 = NaN. alpha "
+         "multiplies: l_new = alpha l + rowsum(e^(x - m_new)).", div_alpha),
     ]
+
+
+ONLINE_SOFTMAX_NAN_OK = {"div_alpha"}
 
 
 def backward_bugs():

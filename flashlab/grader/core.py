@@ -6,6 +6,7 @@ kernel's terms (``locate``) and which known bugs to try (``bugs``).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -34,6 +35,9 @@ class Case:
             bits.append(p["dtype"])
         if self.large:
             bits.append("large logits")
+        for key in ("rows", "check"):
+            if key in p:
+                bits.append(str(p[key]))
         return ", ".join(bits)
 
 
@@ -45,6 +49,7 @@ class Bug:
     title: str
     hint: str
     outputs: Callable
+    nan_ok: bool = False             # may be named for an all-NaN output (only where the hint explains NaN)
 
 
 @dataclass
@@ -59,7 +64,9 @@ class Exercise:
     bugs: list = field(default_factory=list)
     probe: Callable | None = None       # probe(candidate, case) -> (heatmap, labels) or None
     isolate: bool = False               # run in a forked child (Triton kernels in the interpreter)
-    timeout: float = 120.0
+    timeout: float = 120.0              # per case (seconds): past it the case is stopped, and grading too
+    budget: float = 400.0               # the whole grade() call (seconds), well under a notebook cell's limit
+    dtype: str | None = None            # the dtype every output must have (NumPy exercises: "float64")
 
 
 def _errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -72,9 +79,48 @@ def _errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
     return np.where(fin_g != fin_r, np.inf, err)
 
 
+def _check_types(ex: Exercise, out: dict, ref: dict):
+    """Type and shape problems of the outputs, before any value is compared: (message, details) or None."""
+    contract = list(out.get("_contract", []))
+    if contract:
+        return contract[0].split(":")[0], contract
+    for name, r in ref.items():
+        if name not in out or out[name] is None:
+            return f"no `{name}` returned", [f"expected `{name}` with shape {r.shape}"]
+        g = out[name]
+        if not isinstance(g, np.ndarray):
+            g = np.asarray(g)
+        if np.iscomplexobj(g):
+            return f"`{name}` is complex", [
+                f"`{name}` has dtype {g.dtype}: attention and softmax are real, so a complex result means "
+                f"something went wrong (np.sqrt or np.log of a negative number, or an np.fft/np.linalg call "
+                f"that returns complex). Return real float64 values."]
+        if g.dtype.kind not in "fiub":
+            return f"`{name}` is not an array of numbers", [f"`{name}` has dtype {g.dtype}; expected {r.dtype}"]
+        if g.shape != r.shape:
+            return f"`{name}` has shape {g.shape}", [f"expected `{name}` with shape {r.shape}, got {g.shape}"]
+        if ex.dtype is not None and g.dtype != np.dtype(ex.dtype):
+            return f"`{name}` is {g.dtype}, not {ex.dtype}", [
+                f"`{name}` has dtype {g.dtype}, but the inputs are {ex.dtype} and so must be the result. "
+                f"{g.dtype} keeps about {_digits(g.dtype)} significant digits, so its values differ from the "
+                f"answer by more than the tolerance even when the algorithm is right. Keep {ex.dtype} throughout "
+                f"(no .astype(np.float32), no dtype=np.float32 when you allocate)."]
+    return None
+
+
+def _digits(dt) -> str:
+    try:
+        return str(np.finfo(dt).precision)
+    except ValueError:
+        return "no fractional"
+
+
 def compare(ex: Exercise, case: Case, out: dict, ref: dict):
     """Returns (ok, message, details, max_err)."""
     details = []
+    problem = _check_types(ex, out, ref)
+    if problem is not None:
+        return False, problem[0], problem[1], np.inf
     for stray in out.get("_stray", []):
         details.append(f"out-of-bounds write: {stray}. Mask your tl.store with the row bound "
                        f"(offs < N) and use the strides you are given.")
@@ -85,9 +131,6 @@ def compare(ex: Exercise, case: Case, out: dict, ref: dict):
         if name not in out or out[name] is None:
             return False, f"no `{name}` returned", [f"expected `{name}` with shape {r.shape}"], np.inf
         g = np.asarray(out[name])
-        if g.shape != r.shape:
-            return False, f"`{name}` has shape {g.shape}", [f"expected `{name}` with shape {r.shape}, "
-                                                           f"got {g.shape}"], np.inf
         unw = out.get("_unwritten", {}).get(name)
         if unw is not None and unw.any():
             idx = tuple(int(i) for i in np.argwhere(unw)[0])
@@ -117,6 +160,11 @@ def compare(ex: Exercise, case: Case, out: dict, ref: dict):
             details += lines
             if m > worst[0]:
                 worst = (m, f"`{name}` max error {m:.2g}", "")
+    violations = list(out.get("_violations", []))
+    if violations:
+        lines = ["Requirement not met: " + v for v in violations]
+        msg = "right answer, wrong algorithm" if not details else worst[1] + "; and a requirement is not met"
+        return False, msg, lines + details, worst[0] if details else 0.0
     if details:
         return False, worst[1], details, worst[0]
     return True, "", [], 0.0
@@ -131,31 +179,41 @@ def _matches(out: dict, bug_out: dict, ex: Exercise, case: Case) -> bool:
         if name not in out or out[name] is None:
             return False
         g = np.asarray(out[name])
-        if g.shape != b.shape:
+        if g.shape != b.shape or np.iscomplexobj(g) or g.dtype.kind not in "fiub":
             return False
         if (_errors(g, b) > ex.tolerance(case, name, b)).any():
             return False
     return True
 
 
-def diagnose(ex: Exercise, case: Case, out: dict, ref: dict):
-    """The first known bug whose output this candidate's output matches, or None."""
+def _differs(ex: Exercise, case: Case, alt: dict, ref: dict) -> bool:
+    return any(_errors(np.asarray(v), ref[k]).max() > ex.tolerance(case, k, ref[k]) for k, v in alt.items())
+
+
+def _alternatives(bug: Bug, case: Case, ref: dict):
+    try:
+        alts = bug.outputs(case)
+    except Exception:
+        return []
+    if alts is None:
+        return []
+    return [{k: v for k, v in a.items() if k in ref} for a in (alts if isinstance(alts, list) else [alts])
+            if a is not None]
+
+
+def diagnose(ex: Exercise, case: Case, out: dict, ref: dict, passed=()):
+    """The first known bug whose output this candidate's output matches, or None.
+
+    ``passed``: cases the candidate got right; a bug that would have got one of them wrong is
+    not this candidate's (e.g. "no max subtraction" when the large-logit case passed)."""
     for bug in ex.bugs:
-        try:
-            alts = bug.outputs(case)
-        except Exception:
-            continue
-        if alts is None:
-            continue
-        for alt in (alts if isinstance(alts, list) else [alts]):
-            if alt is None:
-                continue
-            alt = {k: v for k, v in alt.items() if k in ref}
-            if not all(np.isfinite(np.asarray(v)).any() for v in alt.values()):
+        for alt in _alternatives(bug, case, ref):
+            if not bug.nan_ok and not all(np.isfinite(np.asarray(v)).any() for v in alt.values()):
                 continue  # all-NaN outputs match too many mistakes to name one
-            differs = any(_errors(np.asarray(v), ref[k]).max() > ex.tolerance(case, k, ref[k])
-                          for k, v in alt.items())
-            if differs and _matches(out, alt, ex, case):
+            if _differs(ex, case, alt, ref) and _matches(out, alt, ex, case):
+                if any(all(_differs(ex, c, a, ex.reference(c)) for a in _alternatives(bug, c, ex.reference(c)))
+                       and _alternatives(bug, c, ex.reference(c)) for c in passed):
+                    break
                 return bug
     return None
 
@@ -169,19 +227,33 @@ def symptom_hints(ex: Exercise, results, cases) -> list:
     if any(c.large for _, c in failing) and all(c.large for _, c in failing):
         hints.append("Only the cases with large logits fail: subtract the (running) row maximum "
                      "before exponentiating, or e^S overflows.")
+    kernel = _is_kernel(cases)
     causal_fail = {c.params.get("causal") for _, c in failing}
     if causal_fail == {True} and any(c.params.get("causal") is False for c in cases):
-        hints.append("Only causal cases fail: query i may see keys j <= i (top-left aligned), "
-                     "and tiles entirely above the diagonal must contribute nothing.")
+        tiles = any("block_q" in c.params for c in cases) or kernel
+        hints.append("Only causal cases fail: query i may see keys j <= i (top-left aligned, also when Nq != Nk)"
+                     + (", and a key tile may be skipped only when its first key comes after the query tile's "
+                        "last query (compare positions, not tile numbers: the tiles have different sizes)."
+                        if tiles else "."))
     ragged = [c for _, c in failing if _is_ragged(c)]
     if ragged and len(ragged) == len(failing) and any(not _is_ragged(c) for c in cases):
-        hints.append("Only cases whose sizes are not multiples of the block size fail: "
-                     "mask the tail (loads with other=0 and scores set to -inf past N).")
-    if any("NaN" in " ".join(r.details) for r, _ in failing) and _is_kernel(cases):
+        if kernel:
+            hints.append("Only cases whose sizes are not multiples of the block size fail: "
+                         "mask the tail (loads with other=0 and scores set to -inf past N).")
+        elif any("block_q" in c.params or "block_size" in c.params for c in cases):
+            hints.append("Only cases whose sizes are not multiples of the tile size fail: the last tile is "
+                         "shorter. Slicing (x[:, j:j + b]) already stops at the end; use the slice's own length "
+                         "(not the block size) for anything you allocate or index per tile.")
+    nan_fail = any("NaN" in " ".join(r.details) for r, _ in failing)
+    if nan_fail and kernel:
         hints.append("NaN appeared where the answer is finite. The grader surrounds every input with NaN, "
                      "so this usually means a load read past the end of a row block (mask loads with "
                      "offs < N, other=0) or used the wrong strides; it can also be 0/0, e.g. dividing by "
                      "alpha = 0 on the first tile.")
+    elif nan_fail:
+        hints.append("NaN appeared where the answer is finite. In NumPy that is 0/0 or inf − inf: a running sum "
+                     "ℓ = 0 (a running max started at 0 instead of −inf, so that e^(S − m) underflows to 0 for a "
+                     "row whose scores are all very negative), a division by α = e^(−inf) = 0, or −inf − (−inf).")
     if any("batch/head offsets" in " ".join(r.details) for r, _ in failing):
         hints.append("Some (batch, head) pairs are right and others wrong: each program must offset its "
                      "pointers by b * stride_b + h * stride_h, with b = program_id(1) // H and "
@@ -201,33 +273,47 @@ def _is_ragged(case: Case) -> bool:
     return False
 
 
-def local_executor(ex: Exercise, candidate):
+def local_executor(ex: Exercise, candidate, deadline: float | None = None):
     """How a candidate is run in the learner's own session: ``execute(kind, case) -> Outcome``
     with kind "run" (``ex.run``) or "probe" (``ex.probe``), in a forked child when the exercise
-    asks for isolation.  Batch grading passes another executor, which runs the candidate in a
-    sandboxed process and receives plain arrays back; the verdict below never changes with it."""
+    asks for isolation, and always within ``ex.timeout`` seconds (and before ``deadline``, a
+    ``time.monotonic()`` value).  Batch grading passes another executor, which runs the candidate
+    in a sandboxed process and receives plain arrays back; the verdict below never changes with it."""
     def execute(kind: str, case: Case):
         fn = ex.run if kind == "run" else ex.probe
         job = lambda: fn(candidate, case)  # noqa: E731
-        return sandbox.call_isolated(job, ex.timeout) if ex.isolate else sandbox.call(job)
+        limit = ex.timeout
+        if deadline is not None:
+            limit = max(1.0, min(limit, deadline - time.monotonic()))
+        return sandbox.call_isolated(job, limit) if ex.isolate else sandbox.call(job, limit)
     return execute
 
 
 def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None) -> Result:
     """Grade ``candidate`` on freshly drawn cases.  The cases, the references, the comparison and
-    the diagnosis are computed here; only ``execute(kind, case)`` runs the learner's code."""
+    the diagnosis are computed here; only ``execute(kind, case)`` runs the learner's code.
+
+    Grading stops at the first case that times out, and before a case would start past
+    ``ex.budget`` seconds."""
+    start = time.monotonic()
     cases = ex.make_cases(np.random.default_rng(seed))
     result = Result(ex.name)
-    execute = execute or local_executor(ex, candidate)
+    execute = execute or local_executor(ex, candidate, deadline=start + ex.budget)
 
     hidden_no = 0
-    diagnosed = None
-    for case in cases:
+    first_fail, passed = None, []
+    stopped = None
+    for n_case, case in enumerate(cases):
         if case.visible:
             label = "visible case"
         else:
             hidden_no += 1
             label = f"hidden case {hidden_no}"
+        if time.monotonic() - start > ex.budget:
+            stopped = (f"Grading stopped after {time.monotonic() - start:.0f} s, before {label} "
+                       f"({len(cases) - n_case} of {len(cases)} cases not run): the cases together may take "
+                       f"at most {ex.budget:.0f} s. Make your code faster and grade again.")
+            break
         outcome = execute("run", case)
         cr = CaseResult(label, case.describe(), "pass")
         if outcome.status == "not implemented":
@@ -241,28 +327,51 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
             out = outcome.value
             ref = ex.reference(case)
             ok, msg, details, max_err = compare(ex, case, out, ref)
-            if not ok:
+            if ok:
+                passed.append(case)
+            else:
                 cr.status, cr.message, cr.details, cr.max_err = "fail", msg, details, max_err
-                if diagnosed is None:
-                    diagnosed = diagnose(ex, case, out, ref)
-                if ex.probe is not None and result.first_failure() is None and not out.get("_stray"):
+                typed = _check_types(ex, out, ref) is None
+                if first_fail is None and typed:
+                    first_fail = (case, out, ref)
+                if (ex.probe is not None and typed and result.first_failure() is None and not out.get("_stray")
+                        and max_err > 0):
                     probe = execute("probe", case)
                     if probe.status == "ok" and probe.value is not None:
                         heat = probe.value[0]
                         if not np.isfinite(heat).all() or heat.max() > 1e-3:  # only when O itself is wrong
                             cr.heatmap, cr.heat_labels = probe.value
         result.cases.append(cr)
+        if cr.status == "timeout":
+            rest = len(cases) - n_case - 1
+            stopped = (f"Grading stopped at {label}, which ran past its time limit"
+                       + (f" ({rest} more case(s) not run)" if rest else "") + ". "
+                       + ("These NumPy cases take well under a second, so this is a hang: a loop that never ends "
+                          "(a while loop whose condition never changes, a step of 0?)."
+                          if ex.dtype is not None else
+                          "Look for a loop that never ends in your kernel or host code, or a grid far larger "
+                          "than the problem."))
+            break
+    diagnosed = diagnose(ex, *first_fail, passed=passed) if first_fail is not None else None
     if diagnosed is not None:
         result.hints.append(f"This looks like a known bug, {diagnosed.title}: {diagnosed.hint}")
     else:
         result.hints += symptom_hints(ex, result.cases, cases)
+    if stopped:
+        result.hints.insert(0, stopped)
+    if any(c.status == "fail" and c.message == "right answer, wrong algorithm" for c in result.cases) and diagnosed is None:
+        result.hints.append("Where the values are right, what is missing is how they are computed: the lines "
+                            "starting 'Requirement not met' say which requirement of the exercise your code misses.")
     if any(c.status == "crash" for c in result.cases):
         result.hints.append("The process running your kernel crashed: in the interpreter an unmasked or "
                             "mis-offset tl.store writes outside every buffer. Check each store's mask "
                             "(rows < N) and its pointer arithmetic.")
-    if any(c.status in ("error", "timeout") for c in result.cases) and not result.hints:
-        result.hints.append("Your code did not run to the end on some cases: fix the first error shown "
-                            "(the traceback points at your line) and grade again.")
+    errors = [c for c in result.cases if c.status == "error"]
+    if errors and not result.hints:
+        shown = any('File "' in d for c in errors for d in c.details)
+        result.hints.append("Your code did not run to the end on some cases: fix the first error shown"
+                            + (" (the lines above are from your code, the last one is where it failed)"
+                               if shown else "") + " and grade again.")
     if not result.passed and not result.hints:
         result.hints.append("Compare your code with the equations above the exercise, line by line, "
                             "on the failing case's sizes.")

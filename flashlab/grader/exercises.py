@@ -1,6 +1,8 @@
 """The graded exercises: contracts, cases, references, tolerances, known bugs.
 
-NumPy exercises work on one (batch, head) slice in float64.  Triton exercises
+NumPy exercises work on one (batch, head) slice in float64.  Their inputs are
+instrumented (:mod:`flashlab.grader.requirements`), so that the grader checks
+the algorithm the exercise asks for, not only the answer.  Triton exercises
 get torch tensors (B, H, N, D) that the grader allocates inside poisoned padding
 (:mod:`flashlab.grader.memory`), and in the interpreter they run in a forked
 child (:mod:`flashlab.grader.sandbox`).
@@ -15,6 +17,7 @@ import torch
 from .. import device
 from .. import reference as R
 from . import bugs as B
+from . import requirements as Rq
 from .core import Bug, Case, Exercise
 from .memory import output_buffer, padded, stray_writes, unwritten
 
@@ -22,12 +25,24 @@ from .memory import output_buffer, padded, stray_writes, unwritten
 # data
 # ----------------------------------------------------------------------------
 
+NUMPY_TIMEOUT = 60.0     # seconds per case: these cases take milliseconds, so past a minute is a hang
+NUMPY_BUDGET = 100.0     # seconds for a whole grade() of a NumPy exercise
 
-def _qkv(rng, nq, nk, d, large=False):
+
+def _qkv(rng, nq, nk, d, large=False, negative_rows=()):
     q, k, v = rng.standard_normal((nq, d)), rng.standard_normal((nk, d)), rng.standard_normal((nk, d))
     if large:  # scores past 700: e^S overflows float64 unless the max is subtracted
         s_max = np.abs(q @ k.T).max() / math.sqrt(d)
         q = q * (1200.0 / max(s_max, 1e-9))
+    if len(negative_rows):  # these query rows score below -800 against every key: e^(S - 0) underflows to 0
+        w = np.full(d, 3.0)
+        k = k + w
+        dots = k @ w
+        if dots.min() <= 0:
+            k[dots <= 0] += w
+            dots = k @ w
+        c = 800.0 * math.sqrt(d) / dots.min()
+        q[list(negative_rows)] = -c * w
     return q, k, v
 
 
@@ -44,10 +59,12 @@ def _block_heat(err2d, rb, cb):
     return heat
 
 
-def _probe_v(nk, d):
+def _probe_v(nk, d, width=None):
     """V whose column c is the indicator of key block c: then O[i, c] = probability mass row i puts
-    on key block c, so the error of O becomes an error per (query, key block)."""
-    width = max(8, -(-nk // d))
+    on key block c, so the error of O becomes an error per (query, key block).  ``width``: keys per
+    block (the learner's block_k where it fits in d columns)."""
+    if width is None or -(-nk // width) > d:
+        width = max(8, -(-nk // d))
     nblocks = -(-nk // width)
     v = np.zeros((nk, d))
     v[np.arange(nk), np.arange(nk) // width] = 1.0
@@ -59,6 +76,38 @@ def _heat_from_mass(got_o, ref_o, width, nblocks, rows_per_block):
         err = np.abs(got_o[:, :nblocks] - ref_o[:, :nblocks])
     err = np.where(np.isnan(err), np.inf, err)
     return _block_heat(err, rows_per_block, 1)
+
+
+def _describe(x) -> str:
+    if isinstance(x, tuple):
+        return f"a tuple of {len(x)} item(s)"
+    if isinstance(x, np.ndarray):
+        return f"an array of shape {x.shape}"
+    return f"a {type(x).__name__}"
+
+
+def _array(name, x, problems):
+    """``x`` as a plain numeric ndarray in its own dtype (a float32 or complex result is judged by the
+    core, with a message saying so), or None with a sentence appended to ``problems``."""
+    if isinstance(x, torch.Tensor):
+        problems.append(f"`{name}`: got a torch tensor; return a NumPy array (float64)")
+        return None
+    try:
+        a = np.array(x.view(np.ndarray) if isinstance(x, np.ndarray) else x)
+    except Exception:
+        a = None
+    if a is None or a.dtype == object:
+        problems.append(f"`{name}`: expected a NumPy array of numbers, got {_describe(x)}")
+        return None
+    return a
+
+
+def _watched(f, *args):
+    """Call the candidate, noting any call to flashlab's references or PyTorch's attention."""
+    found = []
+    with Rq.watch_calls(found):
+        out = f(*args)
+    return out, found
 
 
 # ----------------------------------------------------------------------------
@@ -94,8 +143,16 @@ def _osu_cases(rng):
 
 def _osu_run(f, case):
     i = case.inputs
-    m_new, l_new = f(i["m"].copy(), i["l"].copy(), i["x_block"].copy())
-    return {"m": np.asarray(m_new, dtype=np.float64), "l": np.asarray(l_new, dtype=np.float64)}
+    out, found = _watched(f, i["m"].copy(), i["l"].copy(), i["x_block"].copy())
+    res = {"_violations": Rq.reference_message(found, "online softmax update"), "_contract": []}
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        res["_contract"].append(f"online_softmax_update must return a pair (m_new, l_new): got {_describe(out)}")
+        return res
+    for name, x in zip(("m", "l"), out):
+        a = _array(name, x, res["_contract"])
+        if a is not None:
+            res[name] = a
+    return res
 
 
 def _osu_ref(case):
@@ -115,16 +172,30 @@ def _osu_bugs():
 
 def _os_cases(rng):
     cases = []
-    for (r, n, b, large, vis) in [(4, 20, 8, False, True), (3, 16, 4, False, False), (5, 37, 8, False, False),
-                                   (2, 10, 1, False, False), (3, 9, 32, False, False), (4, 50, 16, True, False),
-                                   (1, 1, 4, False, False)]:
+    for (r, n, b, large, neg, vis) in [(4, 20, 8, False, False, True), (3, 16, 4, False, False, False),
+                                       (5, 37, 8, False, False, False), (2, 10, 1, False, False, False),
+                                       (3, 9, 32, False, False, False), (4, 50, 16, True, False, False),
+                                       (4, 30, 8, False, True, False), (1, 1, 4, False, False, False)]:
         x = (1000.0 if large else 3.0) * rng.standard_normal((r, n))
-        cases.append(Case({"R": r, "N": n, "block_size": b}, {"x": x}, vis, large))
+        params = {"R": r, "N": n, "block_size": b}
+        if neg:  # a row whose values are all below -800: e^(x - 0) underflows to 0
+            x[1] = -1000.0 + 3.0 * rng.standard_normal(n)
+            params["rows"] = "one row below -800"
+        cases.append(Case(params, {"x": x}, vis, large))
     return cases
 
 
 def _os_run(f, case):
-    return {"p": np.asarray(f(case.inputs["x"].copy(), case.params["block_size"]), dtype=np.float64)}
+    b = case.params["block_size"]
+    x, rec = Rq.track("x", case.inputs["x"])
+    out, found = _watched(f, x, b)
+    res = {"_violations": Rq.reference_message(found, "online softmax"), "_contract": []}
+    a = _array("p", out, res["_contract"])
+    if a is not None:
+        res["p"] = a
+        if not res["_violations"]:
+            res["_violations"] = Rq.online_softmax_rule(rec, b)
+    return res
 
 
 def _os_ref(case):
@@ -132,18 +203,20 @@ def _os_ref(case):
 
 
 def _os_probe(f, case):
-    got = _os_run(f, case)["p"]
+    got = np.asarray(f(case.inputs["x"].copy(), case.params["block_size"]), dtype=np.float64)
     ref = _os_ref(case)["p"]
     if got.shape != ref.shape:
         return None
     with np.errstate(invalid="ignore"):
         err = np.abs(got - ref)
     err = np.where(np.isnan(err), np.inf, err)
-    return _block_heat(err, 1, case.params["block_size"]), ("row", "column block")
+    b = case.params["block_size"]
+    return _block_heat(err, 1, b), ("row", f"column block ({b} columns)")
 
 
 def _os_bugs():
-    return [Bug(key, title, hint, (lambda fn: lambda c: {"p": fn(c.inputs["x"], c.params["block_size"])})(fn))
+    return [Bug(key, title, hint, (lambda fn: lambda c: {"p": fn(c.inputs["x"], c.params["block_size"])})(fn),
+                nan_ok=key in B.ONLINE_SOFTMAX_NAN_OK)
             for key, title, hint, fn in B.online_softmax_bugs()]
 
 
@@ -151,44 +224,87 @@ def _os_bugs():
 # attention_naive and attention_tiled (NumPy, one head)
 # ----------------------------------------------------------------------------
 
+_NEG_ROWS = (0, 3, 17, 18, 33)
+
+
 def _attn_cases(rng, tiled):
-    spec = [  # Nq, Nk, D, causal, large, block_q, block_k, visible
-        (32, 32, 16, False, False, 8, 8, True),
-        (32, 32, 16, True, False, 8, 8, False),
-        (37, 37, 16, True, False, 16, 16, False),
-        (40, 70, 8, False, False, 16, 8, False),
-        (40, 70, 8, True, False, 8, 16, False),
-        (70, 40, 16, True, False, 16, 16, False),
-        (48, 48, 16, True, True, 16, 16, False),
-        (1, 1, 8, True, False, 4, 4, False),
-        (20, 20, 32, False, False, 64, 64, False),
+    spec = [  # Nq, Nk, D, causal, data, block_q, block_k, visible
+        (32, 32, 16, False, "", 8, 8, True),
+        (32, 32, 16, True, "", 8, 8, False),
+        (37, 37, 16, True, "", 16, 16, False),
+        (40, 70, 8, False, "", 16, 8, False),
+        (40, 70, 8, True, "", 8, 16, False),        # causal, block_q < block_k, Nq < Nk, ragged
+        (53, 61, 16, True, "", 16, 8, False),       # causal, block_q > block_k, ragged
+        (70, 40, 16, True, "", 32, 8, False),       # causal, block_q > block_k, Nq > Nk
+        (70, 40, 16, True, "", 16, 16, False),
+        (48, 48, 16, True, "large", 16, 16, False),
+        (40, 44, 16, True, "negative", 16, 8, False),  # rows whose scores are all below -800
+        (1, 1, 8, True, "", 4, 4, False),
+        (20, 20, 32, False, "", 64, 64, False),
     ]
+    if tiled:  # large enough that S (1.2 MiB) dwarfs what a tiled pass holds: the memory check
+        spec.append((300, 520, 16, False, "memory", 32, 64, False))
     cases = []
-    for nq, nk, d, causal, large, bq, bk, vis in spec:
-        q, k, v = _qkv(rng, nq, nk, d, large)
+    for nq, nk, d, causal, data, bq, bk, vis in spec:
+        q, k, v = _qkv(rng, nq, nk, d, large=data == "large",
+                       negative_rows=[r for r in _NEG_ROWS if r < nq] if data == "negative" else ())
         params = {"Nq": nq, "Nk": nk, "D": d, "causal": causal}
         if tiled:
             params.update(block_q=bq, block_k=bk)
-        cases.append(Case(params, {"q": q, "k": k, "v": v}, vis, large))
+        if data == "negative":
+            params["rows"] = "some rows' scores all below -800"
+        if data == "memory":
+            params["check"] = "peak memory"
+        cases.append(Case(params, {"q": q, "k": k, "v": v}, vis, data == "large"))
     return cases
 
 
 def _naive_run(f, case):
     i = case.inputs
-    return {"o": np.asarray(f(i["q"].copy(), i["k"].copy(), i["v"].copy(), case.params["causal"]), dtype=np.float64)}
+    out, found = _watched(f, i["q"].copy(), i["k"].copy(), i["v"].copy(), case.params["causal"])
+    res = {"_violations": Rq.reference_message(found, "attention"), "_contract": []}
+    if isinstance(out, tuple):
+        res["_contract"].append(f"attention_naive returns only o, one ({case.params['Nq']}, {case.params['D']}) "
+                                f"array: got {_describe(out)}" + (" (o, lse)?" if len(out) == 2 else ""))
+        return res
+    a = _array("o", out, res["_contract"])
+    if a is not None:
+        res["o"] = a
+    return res
 
 
-def _tiled_call(f, case, v):
-    p, i = case.params, case.inputs
-    out = f(i["q"].copy(), i["k"].copy(), v.copy(), p["causal"], p["block_q"], p["block_k"])
-    if not (isinstance(out, tuple) and len(out) == 2):
-        raise TypeError(f"attention_tiled must return a tuple (o, lse), got {type(out).__name__}")
-    return np.asarray(out[0], dtype=np.float64), np.asarray(out[1], dtype=np.float64)
+def _tiled_outputs(out, case, res):
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        res["_contract"].append(f"attention_tiled must return a tuple (o, lse): got {_describe(out)}")
+        return
+    for name, x in zip(("o", "lse"), out):
+        a = _array(name, x, res["_contract"])
+        if a is not None:
+            res[name] = a
 
 
 def _tiled_run(f, case):
-    o, lse = _tiled_call(f, case, case.inputs["v"])
-    return {"o": o, "lse": lse}
+    p, i = case.params, case.inputs
+    args = (p["causal"], p["block_q"], p["block_k"])
+    if p.get("check") == "peak memory":   # plain inputs, memory traced: nothing of ours in the peak
+        q, k, v = i["q"].copy(), i["k"].copy(), i["v"].copy()
+        peak = []
+        with Rq.peak_memory(peak):
+            out, found = _watched(f, q, k, v, *args)
+        res = {"_violations": Rq.reference_message(found, "tiled attention"), "_contract": []}
+        _tiled_outputs(out, case, res)
+        if not res["_violations"] and peak:
+            res["_violations"] = Rq.memory_rule(peak[0], p["Nq"], p["Nk"])
+        return res
+    k, rk = Rq.track("k", i["k"])
+    v, rv = Rq.track("v", i["v"])
+    out, found = _watched(f, i["q"].copy(), k, v, *args)
+    res = {"_violations": Rq.reference_message(found, "tiled attention"), "_contract": []}
+    _tiled_outputs(out, case, res)
+    if not res["_violations"] and not res["_contract"]:
+        res["_violations"] = Rq.tiled_attention_rule({"k": rk, "v": rv}, p["Nq"], p["Nk"], p["causal"],
+                                                     p["block_q"], p["block_k"])
+    return res
 
 
 def _attn_ref(case):
@@ -206,33 +322,44 @@ def _attn_locate_np(case, name, idx):
 def _np_attn_probe(tiled):
     def probe(f, case):
         i, p = case.inputs, case.params
-        v, width, nblocks = _probe_v(p["Nk"], p["D"])
-        got = _tiled_call(f, case, v)[0] if tiled else np.asarray(
-            f(i["q"].copy(), i["k"].copy(), v, p["causal"]), dtype=np.float64)
+        v, width, nblocks = _probe_v(p["Nk"], p["D"], p["block_k"] if tiled else None)
+        args = (i["q"].copy(), i["k"].copy(), v.copy(), p["causal"])
+        got = f(*args, p["block_q"], p["block_k"]) if tiled else f(*args)
+        got = np.asarray(got[0] if tiled else got, dtype=np.float64)
         ref = R.attention_naive(i["q"], i["k"], v, p["causal"])[0]
         if got.shape != ref.shape:
             return None
-        rows = p.get("block_q", 8)
-        return _heat_from_mass(got, ref, width, nblocks, rows), (f"query block ({rows} rows)",
-                                                                 f"key block ({width} keys)")
+        rows = p["block_q"] if tiled else 8
+        if tiled:
+            cols = (f"key tile ({width} keys, your block_k)" if width == p["block_k"]
+                    else f"groups of {width} keys (more key tiles than columns to probe with)")
+            return _heat_from_mass(got, ref, width, nblocks, rows), (f"query tile ({rows} rows, your block_q)", cols)
+        return _heat_from_mass(got, ref, width, nblocks, rows), (f"query rows ({rows} per cell)",
+                                                                 f"keys ({width} per cell)")
     return probe
 
 
-def _attn_bugs(with_lse: bool, per_slice):
-    """Wrap the attention bug library for an exercise; ``per_slice`` maps a slice function over the case."""
+def _attn_bugs(with_lse: bool, per_slice, tiles: bool = True):
+    """Wrap the attention bug library for an exercise; ``per_slice`` maps a slice function over the case.
+    ``tiles=False`` (naive attention): only the mistakes a non-tiled code can make, with their hints."""
     out = []
     for key, title, hint, fn in B.attention_bugs():
-        def outputs(case, fn=fn):
+        if not tiles and key in B.TILE_ONLY:
+            continue
+        if not tiles:
+            hint = B.NAIVE_HINTS.get(key, hint)
+
+        def outputs(case, fn=fn, key=key):
             alts = []
             for bk in _block_sizes(case):
                 res = per_slice(case, lambda q, k, v, c, s: fn(q, k, v, c, s, bk))
                 if res is None:
                     return None
                 alts.append(res if with_lse else {"o": res["o"]})
-                if key not in ("forgot_alpha", "forgot_alpha_l", "divide_alpha", "unmasked_tail"):
+                if key not in B.TILE_ONLY:
                     break
             return alts
-        out.append(Bug(key, title, hint, outputs))
+        out.append(Bug(key, title, hint, outputs, nan_ok=key in B.NAN_OK))
     if with_lse:
         for key, title, hint, fn in B.lse_bugs():
             def outputs(case, fn=fn):
@@ -242,6 +369,17 @@ def _attn_bugs(with_lse: bool, per_slice):
                 return per_slice(case, one)
             out.append(Bug(key, title, hint, outputs))
     return out
+
+
+def _tile_skip_bugs():
+    """Causal tile-skip tests that are wrong when block_q != block_k (attention_tiled only)."""
+    def wrap(fn):
+        def outputs(case):
+            i, p = case.inputs, case.params
+            res = fn(i["q"], i["k"], i["v"], p["causal"], 1.0 / math.sqrt(p["D"]), p["block_q"], p["block_k"])
+            return None if res is None else {"o": res[0], "lse": res[1]}
+        return outputs
+    return [Bug(key, title, hint, wrap(fn)) for key, title, hint, fn in B.tile_skip_bugs()]
 
 
 def _block_sizes(case):
@@ -448,12 +586,15 @@ def _bwd_bugs():
 _CONTRACTS = {
     "online_softmax_update": "f(m, l, x_block) -> (m_new, l_new). m, l: (R,); x_block: (R, C), float64. The running "
                              "max and sum after seeing x_block (start: m = -inf, l = 0).",
-    "online_softmax": "f(x, block_size) -> p. softmax of x (R, N) along the last axis, in one pass over blocks of "
-                      "block_size columns.",
+    "online_softmax": "f(x, block_size) -> p. softmax of x (R, N) along the last axis: (m, l) built in one pass "
+                      "over blocks of block_size columns, then the write-out e^(x - m)/l. Checked: x is read "
+                      "block by block, and your own code does it.",
     "attention_naive": "f(q, k, v, causal) -> o. NumPy float64; q (Nq, D), k and v (Nk, D); scale 1/sqrt(D); "
                        "causal top-left (query i sees keys j <= i).",
     "attention_tiled": "f(q, k, v, causal, block_q, block_k) -> (o, lse). NumPy, FA2 loop order (outer loop over Q "
-                       "tiles); lse is the natural-log log-sum-exp of each row's scaled scores.",
+                       "tiles); lse is the natural-log log-sum-exp of each row's scaled scores. Checked: K and V "
+                       "are read one block_k tile at a time (never the Nq x Nk score matrix), and with causal=True "
+                       "no key tile above the diagonal is loaded.",
     "flash_forward": "f(q, k, v, o, lse, causal) -> None. torch; q (B, H, Nq, D), k and v (B, H, Nk, D); launch a "
                      "Triton kernel that writes O into o (shape and dtype of q) and the LSE into lse ((B, H, Nq), "
                      "float32), in place. The tensors are views with padding around them: use their strides. "
@@ -468,23 +609,26 @@ _CONTRACTS = {
 
 def _build():
     ex = {}
+    np_limits = dict(timeout=NUMPY_TIMEOUT, budget=NUMPY_BUDGET, dtype="float64")
     ex["online_softmax_update"] = Exercise(
         "online_softmax_update", _CONTRACTS["online_softmax_update"], _osu_cases, _osu_run, _osu_ref, _np_tol,
-        lambda c, n, idx: f"row {idx[0]}", _osu_bugs())
+        lambda c, n, idx: f"row {idx[0]}", _osu_bugs(), **np_limits)
     ex["online_softmax"] = Exercise(
         "online_softmax", _CONTRACTS["online_softmax"], _os_cases, _os_run, _os_ref, _np_tol,
         lambda c, n, idx: f"row {idx[0]}, column {idx[1]} (block {idx[1] // c.params['block_size']})",
-        _os_bugs(), probe=_os_probe)
+        _os_bugs(), probe=_os_probe, **np_limits)
     ex["attention_naive"] = Exercise(
         "attention_naive", _CONTRACTS["attention_naive"], lambda rng: _attn_cases(rng, False), _naive_run,
         lambda c: {"o": _attn_ref(c)["o"]}, _np_tol, _attn_locate_np,
-        _attn_bugs(False, _np_per_slice) + [Bug("wrong_axis", "softmax along the wrong axis",
-                                                "normalise each row of S (axis=-1): each query's weights sum to 1.",
-                                                lambda c: {"o": _wrong_axis(c)})],
-        probe=_np_attn_probe(False))
+        _attn_bugs(False, _np_per_slice, tiles=False) + [
+            Bug("wrong_axis", "softmax along the wrong axis",
+                "normalise each row of S (axis=-1): each query's weights sum to 1.",
+                lambda c: {"o": _wrong_axis(c)})],
+        probe=_np_attn_probe(False), **np_limits)
     ex["attention_tiled"] = Exercise(
         "attention_tiled", _CONTRACTS["attention_tiled"], lambda rng: _attn_cases(rng, True), _tiled_run,
-        _attn_ref, _np_tol, _attn_locate_np, _attn_bugs(True, _np_per_slice), probe=_np_attn_probe(True))
+        _attn_ref, _np_tol, _attn_locate_np, _tile_skip_bugs() + _attn_bugs(True, _np_per_slice),
+        probe=_np_attn_probe(True), **np_limits)
     ex["flash_forward"] = Exercise(
         "flash_forward", _CONTRACTS["flash_forward"], _kernel_cases, _fwd_run, _fwd_ref, _kernel_tol,
         _kernel_locate, _attn_bugs(True, _kernel_per_slice), probe=_fwd_probe,

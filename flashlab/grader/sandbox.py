@@ -14,8 +14,10 @@ import os
 import pickle
 import select
 import signal
+import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -43,14 +45,63 @@ def _skip_dirs():
     return (here, os.sep + "triton" + os.sep, os.sep + "torch" + os.sep)
 
 
-def call(fn: Callable[[], Any]) -> Outcome:
-    """Run ``fn`` here, turning exceptions into an Outcome."""
+class _TimeLimit(BaseException):
+    """Raised inside a candidate that ran past its time limit (a BaseException: a learner's
+    ``except Exception`` does not swallow it)."""
+
+
+def _can_alarm() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def _alarm(seconds):
+    """Raise _TimeLimit in this (main) thread after ``seconds``, and every second after that."""
+    if not seconds:
+        yield
+        return
+
+    def ring(signum, frame):
+        raise _TimeLimit()
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3), 1.0)
     try:
-        return Outcome("ok", fn())
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def timeout_message(seconds: float) -> str:
+    return (f"did not finish in {seconds:.0f} s: an endless loop (a bound that never changes?), "
+            f"or far more work than the case needs")
+
+
+def call(fn: Callable[[], Any], timeout: float | None = None) -> Outcome:
+    """Run ``fn`` here, turning exceptions into an Outcome; never raises.
+
+    ``timeout`` (seconds): in the main thread a timer interrupts ``fn`` (between Python
+    bytecodes, or in a sleep); elsewhere ``fn`` runs in a forked child that is killed at
+    the limit (or without a limit, where neither is possible)."""
+    if timeout and not _can_alarm() and CAN_FORK:
+        return call_isolated(fn, timeout)
+    try:
+        with _alarm(timeout if _can_alarm() else None):
+            return Outcome("ok", fn())
+    except _TimeLimit:
+        return Outcome("timeout", error=timeout_message(timeout))
     except NotImplementedError:
         return Outcome("not implemented")
+    except (SystemExit, KeyboardInterrupt) as e:   # a learner's exit() or an interrupt: report, never propagate
+        what = type(e).__name__ + (f"({e.code!r})" if isinstance(e, SystemExit) and e.code is not None else "")
+        return Outcome("error", error=f"your code raised {what}"
+                       + (" (exit() / sys.exit() stops the program: return a value instead)"
+                          if isinstance(e, SystemExit) else " (grading was interrupted)"))
     except Exception as e:  # the learner's bug: report it, never raise
         return Outcome("error", error=short_traceback(e, _skip_dirs()))
+    except BaseException as e:  # anything else a candidate can raise (GeneratorExit, ...)
+        return Outcome("error", error=f"your code raised {type(e).__name__}: {e}")
 
 
 def call_isolated(fn: Callable[[], Any], timeout: float = 120.0) -> Outcome:
@@ -97,7 +148,7 @@ def call_isolated(fn: Callable[[], Any], timeout: float = 120.0) -> Outcome:
     if timed_out:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        return Outcome("timeout", error=f"did not finish in {timeout:.0f} s (an infinite loop? a huge grid?)")
+        return Outcome("timeout", error=timeout_message(timeout))
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)

@@ -1,0 +1,354 @@
+"""Checks of *how* a NumPy candidate computes its answer, not only of the answer.
+
+A right answer can come from the wrong algorithm: a two-pass softmax passes
+``online_softmax``'s comparison, naive attention plus a logsumexp passes
+``attention_tiled``'s.  So the NumPy exercises hand the candidate instrumented
+inputs and watch it run:
+
+* :class:`Tracked` arrays record each *read*: which elements of the input enter
+  a computation (a ufunc such as ``@``, ``-`` or ``.max()``, or a NumPy function
+  such as ``np.einsum``).  Slicing and transposing are free (they are views, like
+  pointer arithmetic in a kernel); a read happens where the data is used.  From
+  the reads: how many columns of ``x`` were used at once, how many rows of ``k``
+  and ``v`` were used at once, which query tiles loaded each key tile.
+* a memory bound (``tracemalloc``): on a large case, the peak memory may not
+  approach the size of the Nq x Nk score matrix.
+* a call watcher (``sys.setprofile``): a candidate that calls flashlab's
+  reference code or PyTorch's attention is told that the exercise asks for its
+  own code.
+
+Everything here runs inside ``Exercise.run``; what it finds comes back in the
+output dict as ``"_violations"`` (a list of sentences), so the verdict is made
+by the grader core from plain data, whoever executed the candidate.
+
+What it cannot see: data taken out of the instrumented array with
+``np.asarray(k)``/``np.array(k)`` (a base-class copy or view) is no longer
+tracked; the memory bound still applies to it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tracemalloc
+from contextlib import contextmanager
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+# ----------------------------------------------------------------------------
+# recording reads
+# ----------------------------------------------------------------------------
+
+
+class Recorder:
+    """The reads of one input array: a list of events, each the flat indices it used."""
+
+    def __init__(self, name: str, arr: np.ndarray):
+        self.name = name
+        self.shape = arr.shape
+        self.size = arr.size
+        self.buffers = []          # (address, nbytes, itemsize) of the input and of copies made of it
+        self.events = []           # each: sorted unique flat indices of the elements used
+        self.flat = np.arange(arr.size, dtype=np.int64)
+
+    def add_buffer(self, arr: np.ndarray) -> None:
+        self.buffers.append((arr.__array_interface__["data"][0], arr.nbytes, arr.itemsize))
+
+    def _buffer_of(self, a: np.ndarray):
+        addr = a.__array_interface__["data"][0]
+        for base, nbytes, itemsize in self.buffers:
+            if base <= addr < base + max(nbytes, 1) and a.itemsize == itemsize:
+                return base, itemsize
+        return None
+
+    def flat_indices(self, a: np.ndarray):
+        """The input's flat element indices for each element of the view ``a`` (same shape), or None."""
+        buf = self._buffer_of(a)
+        if buf is None:
+            return None
+        base, itemsize = buf
+        off = (a.__array_interface__["data"][0] - base) // itemsize
+        strides = [s // itemsize * self.flat.itemsize for s in a.strides]
+        return as_strided(self.flat[off:], shape=a.shape, strides=strides)
+
+    def record(self, a: np.ndarray, index=None) -> None:
+        idx = self.flat_indices(a)
+        if idx is None:
+            return
+        if index is not None:
+            idx = idx[index]
+        idx = np.unique(np.asarray(idx).ravel())
+        if idx.size:
+            self.events.append(idx)
+
+
+def _plain(x):
+    if isinstance(x, Tracked):
+        return x.view(np.ndarray)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_plain(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def _record_all(x) -> None:
+    if isinstance(x, Tracked):
+        if x._rec is not None:
+            x._rec.record(x.view(np.ndarray))
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _record_all(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _record_all(y)
+
+
+# NumPy functions that look at an array's shape or type, not at its values
+_NO_READ = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type", "iscomplexobj", "isrealobj",
+            "may_share_memory", "shares_memory", "empty_like", "zeros_like", "ones_like", "full_like",
+            "broadcast_shapes"}
+
+
+class Tracked(np.ndarray):
+    """An input array that records which of its elements are used, and when.
+
+    Views (slices, ``.T``, ``reshape``) stay Tracked and cost nothing; a copy of the
+    whole input (``.copy()``, ``.astype``) stays Tracked too.  Using the data in a
+    ufunc or a NumPy function records the elements used, and returns plain arrays.
+    """
+
+    _rec: Recorder | None = None
+
+    def __array_finalize__(self, obj):
+        rec = getattr(obj, "_rec", None)
+        self._rec = None
+        if rec is None:
+            return
+        if rec._buffer_of(self) is not None:
+            self._rec = rec                                     # a view of the input
+        elif self.shape == rec.shape and self.flags.c_contiguous:
+            rec.add_buffer(self)                                # a whole copy: track it as the input
+            self._rec = rec
+
+    def __getitem__(self, index):
+        res = np.ndarray.__getitem__(self.view(np.ndarray), index)
+        if isinstance(res, np.ndarray) and self._rec is not None and np.may_share_memory(res, self.view(np.ndarray)):
+            out = res.view(Tracked)                             # a view: no read yet
+            out._rec = self._rec
+            return out
+        if self._rec is not None:                               # a copy (fancy index) or a scalar: a read
+            self._rec.record(self.view(np.ndarray), index)
+        return res
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        _record_all(inputs)
+        if "out" in kwargs:
+            kwargs["out"] = _plain(kwargs["out"])
+        return getattr(ufunc, method)(*_plain(inputs), **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        res = func(*_plain(args), **_plain(kwargs))
+        if getattr(func, "__name__", "") in _NO_READ:
+            return res
+        rec = self._rec
+        views = res if isinstance(res, (list, tuple)) else [res]
+        if rec is not None and all(isinstance(r, np.ndarray) and rec._buffer_of(r) is not None for r in views):
+            wrapped = []                                        # np.split, np.transpose, ...: views, no read yet
+            for r in views:
+                w = r.view(Tracked)
+                w._rec = rec
+                wrapped.append(w)
+            return type(res)(wrapped) if isinstance(res, (list, tuple)) else wrapped[0]
+        _record_all(args)
+        _record_all(kwargs)
+        return res
+
+    def dot(self, b, out=None):
+        _record_all((self, b))
+        return np.dot(_plain(self), _plain(b), out=out)
+
+    def __reduce__(self):
+        return np.asarray(self.view(np.ndarray)).__reduce__()
+
+
+def track(name: str, arr: np.ndarray):
+    """A Tracked copy of ``arr`` and its Recorder."""
+    arr = np.ascontiguousarray(arr).copy()
+    rec = Recorder(name, arr)
+    t = arr.view(Tracked)
+    t._rec = rec
+    rec.add_buffer(arr)
+    return t, rec
+
+
+def episodes(rec: Recorder, unit) -> np.ndarray:
+    """For each unit (e.g. row of k), how many separate times it was loaded: a run of consecutive
+    reads of the same unit counts once (a tile used for S and then for P V is one load)."""
+    n_units = int(unit(np.array([rec.size - 1]))[0]) + 1 if rec.size else 0
+    count = np.zeros(n_units, dtype=np.int64)
+    prev = np.zeros(n_units, dtype=bool)
+    for ev in rec.events:
+        now = np.zeros(n_units, dtype=bool)
+        now[np.unique(unit(ev))] = True
+        count += now & ~prev
+        prev = now
+    return count
+
+
+# ----------------------------------------------------------------------------
+# rules
+# ----------------------------------------------------------------------------
+
+def online_softmax_rule(rec: Recorder, block: int) -> list:
+    """One pass over blocks of ``block`` columns to build (m, l), then the write-out."""
+    if not rec.events:
+        return []
+    r, n = rec.shape
+    if n <= block:
+        return []
+    seen = np.zeros(rec.size, dtype=bool)
+    done = np.zeros(r, dtype=bool)                 # rows whose every element has been read once
+    for ev in rec.events:
+        per_row = np.bincount(ev // n, minlength=r)
+        wide = (per_row > block) & ~done
+        if wide.any():
+            return [f"`x` was read {int(per_row[wide].max())} columns at a time (for example `x.max(axis=1)` "
+                    f"over the whole row) before every block of the row had been read once: online_softmax "
+                    f"must build (m, ℓ) in one pass over blocks of block_size = {block} columns, folding each "
+                    f"block in with online_softmax_update; only then is the whole row read again, to write "
+                    f"e^(x − m)/ℓ."]
+        seen[ev] = True
+        done = seen.reshape(r, n).all(axis=1)
+        if done.all():
+            break
+    times = episodes(rec, lambda ev: ev).max()
+    if times > 2:
+        return [f"some elements of `x` were read {times} times, in separate passes: the online softmax "
+                f"reads each block once to update (m, ℓ) (one pass), then once more to write "
+                f"e^(x − m)/ℓ. A separate pass for the max and another for the sum is the three-pass "
+                f"softmax this exercise replaces."]
+    return []
+
+
+def tiled_attention_rule(recs: dict, nq: int, nk: int, causal: bool, bq: int, bk: int) -> list:
+    """K and V are read one tile of at most ``bk`` rows at a time; causal tiles above the diagonal never."""
+    out = []
+    for name in ("k", "v"):
+        rec = recs[name]
+        d = rec.shape[1]
+        for ev in rec.events:
+            rows = np.unique(ev // d)
+            if rows.size > bk:
+                what = "q @ k.T over all keys" if name == "k" else "P @ v over all keys"
+                out.append(f"`{name}` was read {rows.size} rows at a time (for example {what}): "
+                           f"attention_tiled never forms the {nq}×{nk} score matrix; load K and V one tile "
+                           f"of block_k = {bk} rows at a time, in the inner loop.")
+                return out
+    if not causal:
+        return out
+    tr = -(-nq // bq)
+    for name in ("k", "v"):
+        rec = recs[name]
+        d = rec.shape[1]
+        loads = episodes(rec, lambda ev: ev // d)
+        for r in range(0, nk):
+            j0 = (r // bk) * bk
+            allowed = sum(1 for i in range(tr) if j0 <= min((i + 1) * bq, nq) - 1)
+            if loads[r] > allowed:
+                hi = min(j0 + bk, nk) - 1
+                out.append(f"with causal=True, the `{name}` tile of keys {j0}–{hi} was loaded {loads[r]} times, "
+                           f"but only {allowed} query tile(s) have a query that may see one of those keys "
+                           f"(query tiles whose last row is ≥ {j0}). A key tile that lies entirely above the "
+                           f"diagonal contributes e^(−∞) = 0: skip it without loading it, by comparing the "
+                           f"tile's first key (j·block_k) with the query tile's last row "
+                           f"(min((i+1)·block_q, Nq) − 1).")
+                return out
+    return out
+
+
+def memory_rule(peak: int, nq: int, nk: int) -> list:
+    s_bytes = nq * nk * 8
+    if peak > s_bytes // 2:
+        return [f"your code's memory peaked at {peak / 2**20:.2f} MiB on this {nq}×{nk} case, and the whole "
+                f"{nq}×{nk} score matrix (float64) is {s_bytes / 2**20:.2f} MiB: attention_tiled must hold only "
+                f"one block_q × block_k tile of scores at a time, never S or P whole."]
+    return []
+
+
+# ----------------------------------------------------------------------------
+# watching for reference calls
+# ----------------------------------------------------------------------------
+
+def _flashlab_dir():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+_ALLOWED_REFERENCE = {"causal_mask", "_scale"}
+
+
+def _forbidden_files():
+    root = _flashlab_dir()
+    return {os.path.join(root, "reference.py"): "flashlab.reference",
+            os.path.join(root, "attention.py"): "flashlab.attention",
+            os.path.join(root, "grader", "bugs.py"): "flashlab.grader.bugs"}
+
+
+def _forbidden_builtins():
+    found = {}
+    try:
+        import torch
+        import torch.nn.functional as F
+        found[id(F.scaled_dot_product_attention)] = "torch.nn.functional.scaled_dot_product_attention"
+        found[id(torch._C._nn.scaled_dot_product_attention)] = "torch.nn.functional.scaled_dot_product_attention"
+    except Exception:  # pragma: no cover - torch is a core dependency
+        pass
+    return found
+
+
+@contextmanager
+def watch_calls(found: list):
+    """Append to ``found`` the first call into flashlab's references or PyTorch's attention."""
+    files = _forbidden_files()
+    builtins = _forbidden_builtins()
+    kernels = os.path.join(_flashlab_dir(), "kernels") + os.sep
+
+    def hook(frame, event, arg):
+        if found:
+            return
+        if event == "call":
+            fn = frame.f_code.co_filename
+            if fn in files and frame.f_code.co_name not in _ALLOWED_REFERENCE:
+                found.append(f"{files[fn]}.{frame.f_code.co_name}")
+            elif fn.startswith(kernels):
+                found.append("flashlab's Triton kernels")
+        elif event == "c_call" and id(arg) in builtins:
+            found.append(builtins[id(arg)])
+
+    old = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(old)
+
+
+def reference_message(found: list, exercise: str) -> list:
+    if not found:
+        return []
+    return [f"your code calls {found[0]}: the exercise asks for your own {exercise}, written with NumPy "
+            f"operations (the reference is what your answer is compared with)."]
+
+
+@contextmanager
+def peak_memory(result: list):
+    """Append the peak traced memory (bytes) of the block to ``result``; nothing if already tracing."""
+    if tracemalloc.is_tracing():
+        yield
+        return
+    tracemalloc.start()
+    try:
+        yield
+    finally:
+        result.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
