@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from flashlab import reference as R
+from flashlab.grader import bugs as B
 from flashlab.grader import grade
 
 
@@ -200,7 +201,13 @@ def tiled_split(q, k, v, causal, bq, bk):
     return o, lse
 
 
-RIGHT_TILED = [tiled_loops, tiled_einsum_bias, tiled_boolean_assign_large_negative, tiled_exp2,
+def tiled_prescaled_k(q, k, v, causal, bq, bk):
+    """K scaled once up front (and copied), the rest as in the solution."""
+    k = k.copy() / math.sqrt(q.shape[1])
+    return tiled_loops(q * math.sqrt(q.shape[1]), k, v, causal, bq, bk)
+
+
+RIGHT_TILED = [tiled_prescaled_k, tiled_loops, tiled_einsum_bias, tiled_boolean_assign_large_negative, tiled_exp2,
                tiled_row_loops, fa1_own, tiled_split]
 
 
@@ -530,3 +537,50 @@ def test_an_endless_python_loop_is_stopped_and_grading_stops_there():
     r = core_grade(ex, spin, seed=0)
     assert time.monotonic() - t0 < 10
     assert len(r.cases) == 1 and r.cases[0].status == "timeout"
+
+
+@pytest.mark.parametrize("key,title", [(k, t) for k, t, _, _ in B.attention_bugs() if k not in B.TILE_ONLY])
+def test_every_naive_attention_bug_is_named(key, title):
+    fn = {k: f for k, _, _, f in B.attention_bugs()}[key]
+
+    def cand(q, k, v, causal):
+        with np.errstate(all="ignore"):
+            return fn(q, k, v, causal, 1 / math.sqrt(q.shape[1]), 16)[0]
+    r = grade("attention_naive", cand, seed=7)
+    assert not r.passed and any(title in h for h in r.hints), str(r)
+
+
+def test_kernel_exercise_stops_at_its_first_timed_out_case():
+    """Kernel exercises used to keep going after a timed-out case (7 x 120 s); now grading stops there."""
+    from dataclasses import replace
+
+    from flashlab.grader.core import grade as core_grade
+    from flashlab.grader.exercises import EXERCISES
+
+    def hang(q, k, v, o, lse, causal):
+        time.sleep(600)
+    ex = replace(EXERCISES["flash_forward"], timeout=3.0)
+    t0 = time.monotonic()
+    r = core_grade(ex, hang, seed=0)
+    assert time.monotonic() - t0 < 30
+    assert [c.status for c in r.cases] == ["timeout"] and "Grading stopped" in r.hints[0], str(r)
+
+
+def test_time_limit_holds_outside_the_main_thread_too():
+    """No timer signal there: the case runs in a forked child that is killed at the limit."""
+    import threading
+    from dataclasses import replace
+
+    from flashlab.grader.core import grade as core_grade
+    from flashlab.grader.exercises import EXERCISES
+
+    def slow(x, b):
+        time.sleep(600)
+    ex = replace(EXERCISES["online_softmax"], timeout=2.0)
+    box = []
+    t = threading.Thread(target=lambda: box.append(core_grade(ex, slow, seed=0)))
+    t0 = time.monotonic()
+    t.start()
+    t.join(60)
+    assert box and time.monotonic() - t0 < 30
+    assert [c.status for c in box[0].cases] == ["timeout"]

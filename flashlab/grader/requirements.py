@@ -10,7 +10,9 @@ inputs and watch it run:
   such as ``np.einsum``).  Slicing and transposing are free (they are views, like
   pointer arithmetic in a kernel); a read happens where the data is used.  From
   the reads: how many columns of ``x`` were used at once, how many rows of ``k``
-  and ``v`` were used at once, which query tiles loaded each key tile.
+  and ``v`` were used at once, which query tiles loaded each key tile.  A copy of
+  the whole input, or the whole input scaled by a number (``k / np.sqrt(d)``), is
+  tracked as the input itself.
 * a memory bound (``tracemalloc``): on a large case, the peak memory may not
   approach the size of the Nq x Nk score matrix.
 * a call watcher (``sys.setprofile``): a candidate that calls flashlab's
@@ -142,6 +144,19 @@ class Tracked(np.ndarray):
         return res
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        rec = self._rec
+        if (rec is not None and method == "__call__" and ufunc.nout == 1 and "out" not in kwargs
+                and self.shape == rec.shape and sum(isinstance(x, Tracked) for x in inputs) == 1
+                and all(isinstance(x, Tracked) or np.ndim(x) == 0 for x in inputs)):
+            # the whole input, transformed element by element with scalars (k / sqrt(d), k * 1.0,
+            # np.float64(k)): a transformed copy of the input, not a use of it; keep tracking the copy
+            res = getattr(ufunc, method)(*_plain(inputs), **kwargs)
+            if isinstance(res, np.ndarray) and res.shape == rec.shape and res.flags.c_contiguous:
+                rec.add_buffer(res)
+                out = res.view(Tracked)
+                out._rec = rec
+                return out
+            return res
         _record_all(inputs)
         if "out" in kwargs:
             kwargs["out"] = _plain(kwargs["out"])
