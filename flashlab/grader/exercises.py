@@ -331,9 +331,9 @@ def _np_attn_probe(tiled):
             return None
         rows = p["block_q"] if tiled else 8
         if tiled:
-            cols = (f"key tile ({width} keys, your block_k)" if width == p["block_k"]
-                    else f"groups of {width} keys (more key tiles than columns to probe with)")
-            return _heat_from_mass(got, ref, width, nblocks, rows), (f"query tile ({rows} rows, your block_q)", cols)
+            cols = (f"K tile (block_k = {width} keys)" if width == p["block_k"]
+                    else f"keys, {width} per cell (not your tiles)")
+            return _heat_from_mass(got, ref, width, nblocks, rows), (f"Q tile (block_q = {rows} rows)", cols)
         return _heat_from_mass(got, ref, width, nblocks, rows), (f"query rows ({rows} per cell)",
                                                                  f"keys ({width} per cell)")
     return probe

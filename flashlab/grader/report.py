@@ -109,7 +109,7 @@ def _cell(x: float) -> str:
 
 def _heatmap_img(heat: np.ndarray, labels) -> str:
     from matplotlib.figure import Figure  # no pyplot: works headless and leaves the notebook's state alone
-    fig = Figure(figsize=(3.2, 2.6), dpi=90)
+    fig = Figure(figsize=(3.8, 2.9), dpi=90)
     ax = fig.add_subplot()
     shown = np.where(np.isfinite(heat), heat, np.nanmax(np.where(np.isfinite(heat), heat, 0)) * 2 + 1)
     im = ax.imshow(shown, cmap="Reds", aspect="auto", vmin=0)
