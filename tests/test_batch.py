@@ -58,16 +58,21 @@ def _notebook(path, cells):
     nbformat.write(nb, path)
 
 
-GOOD = """import flashlab
-from flashlab import reference as R
+OWN = """import flashlab, numpy as np
 from flashlab.grader import grade
-grade("online_softmax", R.online_softmax)
-grade("online_softmax_update", R.online_softmax_update)"""
-WRONG = """import flashlab, numpy as np
-from flashlab import reference as R
-from flashlab.grader import grade
-grade("online_softmax", lambda x, b: np.exp(x) / np.exp(x).sum(1, keepdims=True))
-grade("online_softmax_update", R.online_softmax_update)"""
+def osu(m, l, x):
+    m_new = np.maximum(m, x.max(1))
+    return m_new, np.exp(m - m_new) * l + np.exp(x - m_new[:, None]).sum(1)
+def os_(x, b):
+    m, l = np.full(len(x), -np.inf), np.zeros(len(x))
+    for j in range(0, x.shape[1], b):
+        m, l = osu(m, l, x[:, j:j + b])
+    return np.exp(x - m[:, None]) / l[:, None]
+"""   # the learner's own code: the grader refuses flashlab's references as answers
+GOOD = OWN + """grade("online_softmax", os_)
+grade("online_softmax_update", osu)"""
+WRONG = OWN + """grade("online_softmax", lambda x, b: np.exp(x) / np.exp(x).sum(1, keepdims=True))
+grade("online_softmax_update", osu)"""
 
 
 @pytest.mark.notebook
@@ -76,7 +81,7 @@ def test_batch_grading_survives_a_bad_class(tmp_path):
     sub.mkdir()
     _notebook(sub / "alice.ipynb", [GOOD])
     _notebook(sub / "bob.ipynb", [WRONG])
-    _notebook(sub / "carol.ipynb", [GOOD.split("grade(")[0] + "grade('online_softmax', R.online_softmax)",
+    _notebook(sub / "carol.ipynb", [OWN + "grade('online_softmax', os_)",
                                     "import time\ntime.sleep(600)"])
     _notebook(sub / "dave.ipynb", ["import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"])
     (sub / "erin.ipynb").write_text("{ this is not json")
