@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from . import sandbox
-from .report import CaseResult, Result
+from .report import WRONG_ALGORITHM, CaseResult, Result
 
 
 @dataclass
@@ -163,7 +163,7 @@ def compare(ex: Exercise, case: Case, out: dict, ref: dict):
     violations = list(out.get("_violations", []))
     if violations:
         lines = ["Requirement not met: " + v for v in violations]
-        msg = "right answer, wrong algorithm" if not details else worst[1] + "; and a requirement is not met"
+        msg = WRONG_ALGORITHM if not details else worst[1] + "; and a requirement is not met"
         return False, msg, lines + details, worst[0] if details else 0.0
     if details:
         return False, worst[1], details, worst[0]
@@ -302,7 +302,7 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
 
     hidden_no = 0
     first_fail, passed = None, []
-    stopped = None
+    stopped, probed = None, False
     for n_case, case in enumerate(cases):
         if case.visible:
             label = "visible case"
@@ -334,8 +334,8 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
                 typed = _check_types(ex, out, ref) is None
                 if first_fail is None and typed and max_err > 0:
                     first_fail = (case, out, ref)
-                if (ex.probe is not None and typed and result.first_failure() is None and not out.get("_stray")
-                        and max_err > 0):
+                if (ex.probe is not None and typed and not probed and not out.get("_stray") and max_err > 0):
+                    probed = True
                     probe = execute("probe", case)
                     if probe.status == "ok" and probe.value is not None:
                         heat = probe.value[0]
@@ -359,7 +359,7 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
         result.hints += symptom_hints(ex, result.cases, cases)
     if stopped:
         result.hints.insert(0, stopped)
-    if any(c.status == "fail" and c.message == "right answer, wrong algorithm" for c in result.cases) and diagnosed is None:
+    if any(c.status == "fail" and c.message == WRONG_ALGORITHM for c in result.cases) and diagnosed is None:
         result.hints.append("Where the values are right, what is missing is how they are computed: the lines "
                             "starting 'Requirement not met' say which requirement of the exercise your code misses.")
     if any(c.status == "crash" for c in result.cases):

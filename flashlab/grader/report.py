@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+WRONG_ALGORITHM = "right answer, wrong algorithm"   # a case whose values are right but a requirement is missed
+
 ICON = {"pass": "✅", "fail": "❌", "error": "💥", "crash": "💥", "timeout": "⏱️", "not implemented": "⬜"}
 
 
@@ -55,6 +57,16 @@ class Result:
     def first_failure(self):
         return next((c for c in self.cases if not c.passed), None)
 
+    def first_wrong_answer(self):
+        """The first case with wrong values, when the first failure was only a missed requirement."""
+        first = self.first_failure()
+        if first is None or first.message != WRONG_ALGORITHM:
+            return None
+        return next((c for c in self.cases if c.status != "pass" and c.message != WRONG_ALGORITHM), None)
+
+    def _failures(self):
+        return [c for c in (self.first_failure(), self.first_wrong_answer()) if c is not None]
+
     # ---- plain text -------------------------------------------------------
     def __str__(self) -> str:
         if self.not_implemented:
@@ -62,10 +74,9 @@ class Result:
         lines = [("PASSED  " if self.passed else "FAILED  ") + self.summary()]
         for c in self.cases:
             lines.append(f"  {ICON[c.status]} {c.label:<14} {c.params:<42} {c.message}")
-        fail = self.first_failure()
-        if fail is not None:
+        for n, fail in enumerate(self._failures()):
             lines.append("")
-            lines.append(f"First failure, {fail.label} ({fail.params}):")
+            lines.append(f"{'First failure' if n == 0 else 'First wrong answer'}, {fail.label} ({fail.params}):")
             lines += ["  " + d for d in fail.details]
             if fail.heatmap is not None:
                 lines.append("  |error| by tile (rows: %s, columns: %s):" % fail.heat_labels)
@@ -88,9 +99,9 @@ class Result:
                        f"<td style='padding:0 8px;color:#57606a'>{html.escape(c.params)}</td>"
                        f"<td>{html.escape(c.message)}</td></tr>")
         out.append("</table>")
-        fail = self.first_failure()
-        if fail is not None:
-            out.append(f"<p><b>First failure</b>, {html.escape(fail.label)} ({html.escape(fail.params)}):</p>")
+        for n, fail in enumerate(self._failures()):
+            out.append(f"<p><b>{'First failure' if n == 0 else 'First wrong answer'}</b>, "
+                       f"{html.escape(fail.label)} ({html.escape(fail.params)}):</p>")
             if fail.details:
                 out.append("<pre style='margin:0'>" + html.escape("\n".join(fail.details)) + "</pre>")
             if fail.heatmap is not None:
