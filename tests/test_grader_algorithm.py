@@ -584,3 +584,14 @@ def test_time_limit_holds_outside_the_main_thread_too():
     t.join(60)
     assert box and time.monotonic() - t0 < 30
     assert [c.status for c in box[0].cases] == ["timeout"]
+
+
+@pytest.mark.parametrize("key,title", [(k, t) for k, t, _, _ in B.lse_bugs()])
+def test_every_lse_bug_is_named(key, title):
+    fn = {k: f for k, _, _, f in B.lse_bugs()}[key]
+
+    def cand(q, k, v, causal, bq, bk):
+        o, lse = tiled_loops(q, k, v, causal, bq, bk)
+        return fn(o, lse, B.row_max(q, np.array(k), causal, 1 / math.sqrt(q.shape[1])))
+    r = grade("attention_tiled", cand, seed=8)
+    assert not r.passed and any(title in h for h in r.hints), str(r)

@@ -359,7 +359,9 @@ def _attn_bugs(with_lse: bool, per_slice, tiles: bool = True):
                 if key not in B.TILE_ONLY:
                     break
             return alts
-        out.append(Bug(key, title, hint, outputs, nan_ok=key in B.NAN_OK))
+        # all-NaN is named only for NumPy code: a kernel's all-NaN output is more often a read of the
+        # grader's NaN padding (wrong strides or base pointer)
+        out.append(Bug(key, title, hint, outputs, nan_ok=key in B.NAN_OK and per_slice is _np_per_slice))
     if with_lse:
         for key, title, hint, fn in B.lse_bugs():
             def outputs(case, fn=fn):
