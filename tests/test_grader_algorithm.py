@@ -207,8 +207,32 @@ def tiled_prescaled_k(q, k, v, causal, bq, bk):
     return tiled_loops(q * math.sqrt(q.shape[1]), k, v, causal, bq, bk)
 
 
-RIGHT_TILED = [tiled_prescaled_k, tiled_loops, tiled_einsum_bias, tiled_boolean_assign_large_negative, tiled_exp2,
-               tiled_row_loops, fa1_own, tiled_split]
+def tiled_while_tril(q, k, v, causal, bq, bk):
+    """while loops, np.copy / astype copies of k and v, np.tril masks, k[j0:j0 + bk, :]."""
+    nq, d = q.shape; nk = k.shape[0]
+    o = np.zeros_like(q); lse = np.zeros(nq)
+    k = np.copy(k); v = v.astype(np.float64)
+    i0 = 0
+    while i0 < nq:
+        qi = q[i0:i0 + bq]; br = qi.shape[0]
+        m = np.full(br, -np.inf); l = np.zeros(br); acc = np.zeros((br, d))
+        j0 = 0
+        while j0 < nk and (not causal or j0 <= i0 + br - 1):
+            kj = k[j0:j0 + bk, :]; vj = v[j0:j0 + bk, :]
+            s = (qi @ kj.T) * (1.0 / math.sqrt(d))
+            if causal:
+                keep = np.tril(np.ones((br, kj.shape[0])), k=i0 - j0).astype(bool)
+                s = np.where(keep, s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=1)); p = np.exp(s - m_new[:, None]); a = np.exp(m - m_new)
+            l = a * l + p.sum(axis=1); acc = acc * a[:, None] + p @ vj; m = m_new
+            j0 += bk
+        o[i0:i0 + br] = acc / l[:, None]; lse[i0:i0 + br] = np.log(l) + m
+        i0 += bq
+    return o, lse
+
+
+RIGHT_TILED = [tiled_while_tril, tiled_prescaled_k, tiled_loops, tiled_einsum_bias,
+               tiled_boolean_assign_large_negative, tiled_exp2, tiled_row_loops, fa1_own, tiled_split]
 
 
 @pytest.mark.parametrize("fn", RIGHT_TILED, ids=lambda f: f.__name__)
@@ -389,7 +413,28 @@ def os_per_row(x, b):
     return out
 
 
-@pytest.mark.parametrize("fn", [os_own, os_split_blockwise_writeout, os_per_row], ids=lambda f: f.__name__)
+def os_copy(x, b):
+    """np.copy, np.empty_like, blocks taken from x.T, np.maximum.reduce."""
+    x = np.copy(x)
+    p = np.empty_like(x)
+    m, l = np.full(x.shape[0], -np.inf), np.zeros(x.shape[0])
+    xt = x.T
+    for j in range(0, x.shape[1], b):
+        blk = xt[j:j + b].T
+        m_new = np.maximum.reduce([m, blk.max(axis=1)])
+        l = np.exp(m - m_new) * l + np.exp(blk - m_new[:, None]).sum(axis=1)
+        m = m_new
+    p[:] = np.exp(x - m[:, None]) / l[:, None]
+    return p
+def os_array_split(x, b):
+    """np.array_split into ceil(N / b) blocks."""
+    n = -(-x.shape[1] // b)
+    m, l = np.full(x.shape[0], -np.inf), np.zeros(x.shape[0])
+    for blk in np.array_split(x, n, axis=1):
+        m_new = np.maximum(m, blk.max(1)); l = np.exp(m - m_new) * l + np.exp(blk - m_new[:, None]).sum(1); m = m_new
+    return np.exp(x - m[:, None]) / l[:, None]
+@pytest.mark.parametrize("fn", [os_own, os_split_blockwise_writeout, os_per_row, os_copy, os_array_split],
+                         ids=lambda f: f.__name__)
 def test_right_online_softmax_variants_pass(fn):
     for seed in (0, 1):
         r = grade("online_softmax", fn, seed=seed)

@@ -112,6 +112,10 @@ _NO_READ = {"shape", "ndim", "size", "result_type", "can_cast", "min_scalar_type
             "broadcast_shapes"}
 
 
+# NumPy functions that copy an array whole (tracked as the input itself)
+_COPIES = {"copy", "array", "asarray", "ascontiguousarray", "asanyarray", "require", "astype"}
+
+
 class Tracked(np.ndarray):
     """An input array that records which of its elements are used, and when.
 
@@ -164,9 +168,17 @@ class Tracked(np.ndarray):
 
     def __array_function__(self, func, types, args, kwargs):
         res = func(*_plain(args), **_plain(kwargs))
-        if getattr(func, "__name__", "") in _NO_READ:
+        name = getattr(func, "__name__", "")
+        if name in _NO_READ:
             return res
         rec = self._rec
+        if (name in _COPIES and rec is not None and isinstance(res, np.ndarray) and res.shape == rec.shape
+                and res.flags.c_contiguous and not isinstance(res, Tracked)):
+            if rec._buffer_of(res) is None:                     # np.copy(k): a copy of the whole input
+                rec.add_buffer(res)
+            out = res.view(Tracked)
+            out._rec = rec
+            return out
         views = res if isinstance(res, (list, tuple)) else [res]
         if rec is not None and all(isinstance(r, np.ndarray) and rec._buffer_of(r) is not None for r in views):
             wrapped = []                                        # np.split, np.transpose, ...: views, no read yet
