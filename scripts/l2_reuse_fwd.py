@@ -9,6 +9,9 @@ intensity N/e) and one where every query tile re-reads all of K and V from HBM (
   2. it times flashlab's forward (median of do_bench) at 16k tokens, fp16, non-causal;
   3. in that time HBM can move at most bandwidth × time bytes. If the no-cache model needs more,
      part of the K/V re-reads must have come from L2; the table prints the smallest share that must.
+     0% means the timing alone cannot tell (the kernel is slow enough to have read everything from
+     HBM); then only a DRAM byte counter settles it, e.g. Nsight Compute's dram__bytes_read.sum:
+         ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum python scripts/l2_reuse_fwd.py
 
     python scripts/l2_reuse_fwd.py        # needs a CUDA GPU; prints a short table last
 """
@@ -62,6 +65,7 @@ def main():
           f"{'HBM max GiB':>12} {'K/V re-reads from L2 (at least)':>32}")
     for d, bm, ms, tf, ideal, nocache, hbm, share in rows:
         print(f"{d:>4} {bm:>4} {ms:>7.3f} {tf:>8.0f} {ideal:>10.2f} {nocache:>10.2f} {hbm:>12.2f} {100 * share:>31.0f}%")
+    print("(0%: timing alone cannot tell; count DRAM bytes with a profiler, see the docstring)")
 
 
 if __name__ == "__main__":
