@@ -194,6 +194,7 @@ def _matmul_cases(rng):
         (40, 24, 56, "fp32", "transposed", "rows", False),    # a = a_t.T
         (33, 40, 20, "fp16", "rows", "transposed", False),    # b = b_t.T
         (20, 20, 7, "fp32", "transposed", "transposed", False),  # K shorter than a block
+        (24, 40, 1, "fp32", "rows", "rows", False),           # K = 1: one partial block
         (1, 1, 1, "fp32", "rows", "rows", False),
     ]
     if device.DEVICE.type == "cuda":
