@@ -78,7 +78,7 @@ def fig_memory_hierarchy(gpus: dict):
     """
     fig = Figure(figsize=(8, 3.6))
     ax = fig.add_subplot()
-    markers = {"registers": "s", "shared memory": "o", "L2": "^", "HBM": "D"}
+    markers = {"registers": "s", "shared memory": "o", "L2": "^", "DRAM": "D"}
     for gi, (gpu, levels) in enumerate(gpus.items()):
         for level, (size, bw) in levels.items():
             if bw is None:
@@ -89,7 +89,7 @@ def fig_memory_hierarchy(gpus: dict):
     ax.set_yscale("log")
     ax.set_xlabel("capacity (bytes, whole chip)")
     ax.set_ylabel("bandwidth (bytes/s)")
-    ax.set_title("Small and fast on chip, large and slow off chip (datasheets; SRAM bandwidth derived)")
+    ax.set_title("Small and fast on chip, large and slow off chip\n(datasheets; shared-memory bandwidth derived)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -131,15 +131,16 @@ def fig_peak_memory(ns_by_provider: dict, title="Peak memory of one forward"):
     return _finish_loglog(fig, ax, "N", "MiB above the inputs", title)
 
 
-def fig_grouped_bars(groups: dict, ylabel: str, title: str = "", log=False):
-    """groups: group label -> {series: value}; one bar per series within each group."""
+def fig_grouped_bars(groups: dict, ylabel: str, title: str = "", log=False, hline=None):
+    """groups: group label -> {series: value}; one bar per series within each group.
+    ``hline``: optional (value, label) drawn across, e.g. a datasheet peak."""
     labels = list(groups)
     series = []
     for g in groups.values():
         for s in g:
             if s not in series:
                 series.append(s)
-    fig = Figure(figsize=(max(5, 1.3 * len(labels) * max(1, len(series)) / 2 + 2), 3.4))
+    fig = Figure(figsize=(max(7, 1.3 * len(labels) * max(1, len(series)) / 2 + 3.5), 3.4))
     ax = fig.add_subplot()
     w = 0.8 / max(1, len(series))
     for si, s in enumerate(series):
@@ -148,11 +149,36 @@ def fig_grouped_bars(groups: dict, ylabel: str, title: str = "", log=False):
         ax.bar(xs, vals, width=w, label=s, color=COLORS.get(s, f"C{si}"))
     ax.set_xticks([i + w * (len(series) - 1) / 2 for i in range(len(labels))])
     ax.set_xticklabels(labels, fontsize=8)
+    if hline is not None:
+        ax.axhline(hline[0], color="black", ls="--", lw=1, label=hline[1])
     if log:
         ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def fig_fa2_grid(nq=300, block_m=64, B=2, H=3):
+    """The FA2 forward's grid: program (pid0, pid1) = (query tile, b * H + h); the last tile is ragged."""
+    tr = -(-nq // block_m)
+    bh = B * H
+    fig = Figure(figsize=(min(11, 1.3 * tr + 2), 0.55 * bh + 1.4))
+    ax = fig.add_subplot()
+    for j in range(bh):
+        for i in range(tr):
+            rows = min(block_m, nq - i * block_m)
+            ax.add_patch(Rectangle((i, bh - 1 - j), 0.94, 0.9, facecolor=f"C{j // H}",
+                                   alpha=0.25 + 0.5 * rows / block_m, edgecolor="black", lw=0.5))
+            ax.text(i + 0.47, bh - 1 - j + 0.45, f"({i}, {j})\nrows {i * block_m}..{i * block_m + rows - 1}",
+                    ha="center", va="center", fontsize=6.5)
+        ax.text(-0.1, bh - 1 - j + 0.45, f"b={j // H}, h={j % H}", ha="right", va="center", fontsize=7)
+    ax.set_xlim(-0.9, tr + 0.1)
+    ax.set_ylim(-0.2, bh + 0.2)
+    ax.axis("off")
+    ax.set_title(f"grid = (cdiv(Nq={nq}, BLOCK_M={block_m}), B*H = {bh}) = {tr * bh} programs, "
+                 f"(program_id(0), program_id(1)) each", fontsize=9)
     fig.tight_layout()
     return fig
