@@ -89,7 +89,8 @@ def fig_memory_hierarchy(gpus: dict):
     ax.set_yscale("log")
     ax.set_xlabel("capacity (bytes, whole chip)")
     ax.set_ylabel("bandwidth (bytes/s)")
-    ax.set_title("Small and fast on chip, large and slow off chip\n(datasheets; shared-memory bandwidth derived)", fontsize=10)
+    ax.set_title("Small and fast on chip, large and slow off chip\n"
+                 "(datasheets; shared-memory bandwidth derived)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return fig
