@@ -65,3 +65,20 @@ def test_classic_mistakes_fail_with_their_name(kw, title):
     with np.errstate(all="ignore"):
         r = grade("flash_forward", make_forward(**kw), seed=21)
     assert not r.passed and _named(r, title), str(r)
+
+
+def test_record_script_times_the_solution_notebooks_kernel():
+    """scripts/record_part2.py times the kernel of solutions/05 as "learner": it must extract it and it must pass."""
+    import importlib.util
+    from pathlib import Path
+
+    from flashlab import bench
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("record_part2", root / "scripts" / "record_part2.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    learner = mod.learner_kernel()
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    o = bench.contract_provider(learner)(q, k, v, True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (o - ref).abs().max().item() < 1e-5
