@@ -80,7 +80,9 @@ def _one_head_reference(q, k, v, causal):
 
 def run_case(providers, N, D, dtype=torch.float16, causal=False, mode="fwd", tokens=16384, hidden=2048,
              tol=None):
-    """Check, then time, each provider on one shape. Returns a list of Row."""
+    """Check, then time, each provider on one shape. Returns a list of Row.
+
+    A provider is a name in PROVIDERS or a pair (label, f(q, k, v, causal) -> o), e.g. a learner's kernel."""
     _require_gpu()
     from triton.testing import do_bench
     B, H = max(1, tokens // N), max(1, hidden // D)
@@ -92,9 +94,9 @@ def run_case(providers, N, D, dtype=torch.float16, causal=False, mode="fwd", tok
     tol = tol if tol is not None else {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 1e-3}[dtype]
     rows = []
     for name in providers:
+        name, fn = name if isinstance(name, tuple) else (name, provider_fn(name))  # (label, f(q, k, v, causal))
         row = Row(name, mode, str(dtype).replace("torch.", ""), causal, B, H, N, D)
         rows.append(row)
-        fn = provider_fn(name)
         try:
             if name == "naive" and B * H * N * N * 4 > 40e9:
                 row.status = "skipped (S would not fit)"
@@ -149,3 +151,46 @@ def format_table(rows) -> str:
 
 def as_dicts(rows):
     return [asdict(r) for r in rows]
+
+
+# ----------------------------------------------------------------------------
+# part 2 (notebooks 04-05): the forward alone
+# ----------------------------------------------------------------------------
+
+def peak_memory_forward(fn, N, D, dtype=torch.float16, B=1, H=16, causal=False):
+    """Peak CUDA memory (bytes) of one forward ``fn(q, k, v)`` under no_grad, above its inputs and its output."""
+    _require_gpu()
+    dev = device.DEVICE
+    q, k, v = (torch.randn(B, H, N, D, device=dev, dtype=dtype) for _ in range(3))
+    with torch.no_grad():
+        fn(q, k, v)                           # warm-up: compile
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        o = fn(q, k, v)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base - o.numel() * o.element_size()
+    del o
+    torch.cuda.empty_cache()
+    return peak
+
+
+def contract_provider(fn):
+    """A grader-contract forward ``fn(q, k, v, o, lse, causal)`` (the flash_forward exercise) as a provider
+    ``f(q, k, v, causal) -> o`` for :func:`run_case`: it allocates o and lse, then calls ``fn``."""
+    def provider(q, k, v, causal):
+        o = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+        fn(q, k, v, o, lse, causal)
+        return o
+    return provider
+
+
+def load_record(name: str = "h200_part2.json"):
+    """A recorded GPU run from the repository's docs/data/ (written by scripts/record_part2.py), or None
+    when it is not there (not recorded yet, or flashlab installed without the repository)."""
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "docs" / "data" / name
+    return json.loads(path.read_text()) if path.exists() else None

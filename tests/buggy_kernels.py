@@ -16,7 +16,8 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
                  CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
                  RESCALE: tl.constexpr, MASK_TAIL: tl.constexpr, MASK_STORE: tl.constexpr,
                  LSE_BASE2: tl.constexpr, STRICT: tl.constexpr, WILD_STORE: tl.constexpr,
-                 IGNORE_BH: tl.constexpr):
+                 IGNORE_BH: tl.constexpr, MASK_SCORES: tl.constexpr = True, CAUSAL_KEEP: tl.constexpr = 0,
+                 KV_Q_STRIDES: tl.constexpr = False):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -27,6 +28,8 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
     rows = pid_m * BM + tl.arange(0, BM)
     cols0 = tl.arange(0, BN)
     d = tl.arange(0, D)
+    if KV_Q_STRIDES:               # a copy-pasted pointer line: K and V offset with Q's strides
+        skb, skh, skn, svb, svh, svn = sqb, sqh, sqm, sqb, sqh, sqm
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + d[None, :], mask=rows[:, None] < Nq, other=0.0)
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
@@ -40,9 +43,16 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        keep = cols[None, :] < Nk
+        if MASK_SCORES:
+            keep = cols[None, :] < Nk
+        else:                          # the tail's loads are masked (other=0), its scores are not: S = 0 there
+            keep = cols[None, :] < 1 << 30
         if CAUSAL:
-            if STRICT:
+            if CAUSAL_KEEP == 1:       # reversed: j >= i
+                keep = keep & (cols[None, :] >= rows[:, None])
+            elif CAUSAL_KEEP == 2:     # the condition written on the wrong side of tl.where: j > i
+                keep = keep & (cols[None, :] > rows[:, None])
+            elif STRICT:
                 keep = keep & (cols[None, :] < rows[:, None])
             else:
                 keep = keep & (cols[None, :] <= rows[:, None])
@@ -72,7 +82,8 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
 
 
 def make_forward(BM=16, BN=16, rescale=True, mask_tail=True, mask_store=True, lse_base2=False, strict=False,
-                 wild_store=False, ignore_bh=False, scale_fn=lambda d: 1.0 / math.sqrt(d)):
+                 wild_store=False, ignore_bh=False, scale_fn=lambda d: 1.0 / math.sqrt(d), mask_scores=True,
+                 causal_keep=0, kv_q_strides=False):
     def flash_forward(q, k, v, o, lse, causal):
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
@@ -82,5 +93,6 @@ def make_forward(BM=16, BN=16, rescale=True, mask_tail=True, mask_store=True, ls
                            o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2), H, Nq, Nk, scale_fn(D),
                            CAUSAL=causal, BM=BM, BN=BN, D=D, RESCALE=rescale, MASK_TAIL=mask_tail,
                            MASK_STORE=mask_store, LSE_BASE2=lse_base2, STRICT=strict, WILD_STORE=wild_store,
-                           IGNORE_BH=ignore_bh)
+                           IGNORE_BH=ignore_bh, MASK_SCORES=mask_scores, CAUSAL_KEEP=causal_keep,
+                           KV_Q_STRIDES=kv_q_strides)
     return flash_forward

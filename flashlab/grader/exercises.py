@@ -9,6 +9,7 @@ child (:mod:`flashlab.grader.sandbox`).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -18,8 +19,10 @@ from .. import device
 from .. import reference as R
 from . import bugs as B
 from . import requirements as Rq
+from . import ex_primer
+from . import kernel_bugs as KB
 from .core import Bug, Case, Exercise
-from .memory import output_buffer, padded, stray_writes, unwritten
+from .memory import SENTINEL, output_buffer, padded, stray_writes, unwritten
 
 # ----------------------------------------------------------------------------
 # data
@@ -404,6 +407,16 @@ def _np_per_slice(case, fn):
 _TORCH_DTYPES = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+class KernelCase(Case):
+    """A flash_forward / flash_backward case: says when the tensors are transposed views."""
+
+    def describe(self) -> str:
+        text = super().describe()
+        if self.params.get("layout") == "BNHD":
+            text += ", (B, N, H, D) views"
+        return text
+
+
 def _kernel_cases(rng, backward=False):
     spec = [  # B, H, Nq, Nk, D, causal, dtype, large, visible
         (1, 2, 64, 64, 16, False, "fp32", False, True),
@@ -417,18 +430,40 @@ def _kernel_cases(rng, backward=False):
     if device.DEVICE.type == "cuda":  # realistic sizes, and bf16 (meaningless in the interpreter)
         spec.append((2, 4, 1000, 1000, 64, True, "fp16", False, False))
         spec.append((1, 2, 300, 300, 64, False, "bf16", False, False))
+    extra = []  # forward only: B, H, Nq, Nk, D, causal, dtype, max |S| (None: ordinary), layout
+    if not backward:
+        extra = [
+            (2, 3, 45, 45, 16, True, "fp32", None, "BNHD"),    # (B, N, H, D) tensors transposed to (B, H, N, D)
+            (1, 2, 40, 70, 16, True, "fp32", None, "BHND"),    # causal, Nq < Nk
+            (1, 3, 1, 50, 16, False, "fp32", None, "BHND"),    # Nq = 1, H = 3
+            (1, 1, 1, 37, 16, True, "fp16", None, "BHND"),     # Nq = 1 causal: sees key 0 only
+            (1, 1, 24, 65, 16, False, "fp32", None, "BHND"),   # Nk = BLOCK_N + 1 for BLOCK_N = 64
+            (1, 2, 40, 33, 16, True, "fp32", None, "BHND"),    # Nk = 32 + 1, causal with Nq > Nk
+            (1, 1, 17, 17, 16, False, "fp16", None, "BNHD"),   # Nk = 16 + 1
+            (1, 2, 45, 45, 32, True, "fp32", 1000.0, "BHND"),  # |S| ~ 1000
+        ]
+        if device.DEVICE.type == "cuda":
+            extra += [(2, 8, 513, 129, 128, False, "fp16", None, "BNHD"),
+                      (1, 4, 129, 513, 64, True, "bf16", 1000.0, "BHND"),
+                      (2, 4, 1024, 1024, 64, True, "bf16", None, "BNHD")]
     cases = []
-    for b, h, nq, nk, d, causal, dt, large, vis in spec:
-        mag = 10.0 if large else 1.0
+    for b, h, nq, nk, d, causal, dt, large, vis, *rest in [s + (None, "BHND") for s in spec] + \
+            [s[:7] + (s[7] is not None, False) + s[7:] for s in extra]:
+        s_max, layout = rest
+        mag = 10.0 if (large and s_max is None) else 1.0
         q = mag * rng.standard_normal((b, h, nq, d))
         k = mag * rng.standard_normal((b, h, nk, d))
         v = rng.standard_normal((b, h, nk, d))
+        if s_max is not None:  # scale Q so that the largest |S| is s_max: e^S overflows even float64 at 710
+            q *= s_max / max(np.abs(q @ k.swapaxes(-1, -2)).max() / math.sqrt(d), 1e-9)
         dtype = _TORCH_DTYPES[dt]
         t = {n: torch.from_numpy(x).to(device=device.DEVICE, dtype=dtype) for n, x in (("q", q), ("k", k), ("v", v))}
         if backward:
             t["do"] = torch.from_numpy(rng.standard_normal((b, h, nq, d))).to(device=device.DEVICE, dtype=dtype)
         params = {"B": b, "H": h, "Nq": nq, "Nk": nk, "D": d, "causal": causal, "dtype": dt}
-        cases.append(Case(params, t, vis, large))
+        if layout != "BHND":
+            params["layout"] = layout
+        cases.append(KernelCase(params, t, vis, large))
     return cases
 
 
@@ -461,8 +496,17 @@ def _sync():
         torch.cuda.synchronize()
 
 
+def _guard_4d(name, values, layout="BHND", fill=None):
+    """A poisoned buffer for a (B, H, N, D) tensor; layout "BNHD": the buffer is (B, N + 8, H, D) and the
+    view its transpose, as when a model's (B, N, H, D) activations are passed as q.transpose(1, 2)."""
+    if layout != "BNHD":
+        return padded(name, values, fill)
+    buf = padded(name, values.transpose(1, 2), fill, row_dim=1)
+    return dataclasses.replace(buf, view=buf.view.transpose(1, 2))
+
+
 def _guard_inputs(case, names):
-    return {n: padded(n, case.inputs[n]) for n in names}
+    return {n: _guard_4d(n, case.inputs[n], case.params.get("layout", "BHND")) for n in names}
 
 
 def _input_strays(bufs, case):
@@ -479,7 +523,8 @@ def _fwd_run(f, case, v_override=None):
     if v_override is not None:
         ins["v"].view.copy_(v_override)
     q = ins["q"].view
-    o = output_buffer("o", q.shape, q.dtype, q.device)
+    o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
+                  p.get("layout", "BHND"), SENTINEL[q.dtype])
     lse = output_buffer("lse", q.shape[:3], torch.float32, q.device, row_dim=-1)
     f(q, ins["k"].view, ins["v"].view, o.view, lse.view, p["causal"])
     _sync()
@@ -504,6 +549,37 @@ def _fwd_probe(f, case):
             hb = _heat_from_mass(got[b, h], ref, width, nblocks, 16)
             heat = hb if heat is None else np.maximum(heat, hb)
     return heat, ("query block (16 rows)", f"key block ({width} keys)")
+
+
+def _fwd_wrong_stride(case):
+    """K and V read with Q's strides (a copy-pasted pointer line), on the grader's own buffers."""
+    ins = _guard_inputs(case, "qkv")
+    q = ins["q"].view
+    k, v = (KB.read_with_strides(ins[n], q.stride()) for n in "kv")
+    if k is None or v is None or q.stride() == ins["k"].view.stride():
+        return None
+    qn = _f64(case.inputs["q"])
+    p = case.params
+    s = 1.0 / math.sqrt(p["D"])
+    o, lse = np.empty(qn.shape), np.empty(qn.shape[:3])
+    with np.errstate(all="ignore"):
+        for b in range(p["B"]):
+            for h in range(p["H"]):
+                o[b, h], lse[b, h] = R.attention_naive(qn[b, h], k[b, h], v[b, h], p["causal"], s)
+    return {"o": o, "lse": lse}
+
+
+def _fwd_kernel_bugs():
+    """Kernel-only mistakes (flashlab.grader.kernel_bugs), tried after the algorithm's."""
+    def tiled(fn):
+        def outputs(case):
+            if not case.params["causal"]:
+                return None
+            return [_kernel_per_slice(case, lambda q, k, v, c, s: fn(q, k, v, c, s, bk)) for bk in (16, 32, 64, 128)]
+        return outputs
+    return [Bug(*KB.CAUSAL_REVERSED, tiled(KB.causal_wrong_side("reversed"))),
+            Bug(*KB.CAUSAL_INVERTED, tiled(KB.causal_wrong_side("inverted"))),
+            Bug(*KB.WRONG_STRIDE, _fwd_wrong_stride)]
 
 
 def _kernel_tol(case, name, ref):
@@ -631,9 +707,10 @@ def _build():
         "attention_tiled", _CONTRACTS["attention_tiled"], lambda rng: _attn_cases(rng, True), _tiled_run,
         _attn_ref, _np_tol, _attn_locate_np, _tile_skip_bugs() + _attn_bugs(True, _np_per_slice),
         probe=_np_attn_probe(True), **np_limits)
+    ex.update(ex_primer.build())  # notebook 04: softmax_kernel, matmul_kernel (contracts in ex_primer.CONTRACTS)
     ex["flash_forward"] = Exercise(
         "flash_forward", _CONTRACTS["flash_forward"], _kernel_cases, _fwd_run, _fwd_ref, _kernel_tol,
-        _kernel_locate, _attn_bugs(True, _kernel_per_slice), probe=_fwd_probe,
+        _kernel_locate, _attn_bugs(True, _kernel_per_slice) + _fwd_kernel_bugs(), probe=_fwd_probe,
         isolate=device.INTERPRET)
     ex["flash_backward"] = Exercise(
         "flash_backward", _CONTRACTS["flash_backward"], lambda rng: _kernel_cases(rng, backward=True), _bwd_run,

@@ -1,0 +1,67 @@
+"""Notebook 04's kernels with switchable mistakes, for grading tests (as buggy_kernels.py for the forward)."""
+import flashlab  # noqa: F401,I001  (first: it decides GPU vs interpreter before triton is imported)
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _softmax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr, OTHER_ZERO: tl.constexpr,
+             NO_MAX: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    if CONTIGUOUS:                    # strides ignored on the read: x assumed to be a contiguous (M, N)
+        sxm = N
+        sxn = 1
+    if OTHER_ZERO:
+        x = tl.load(X + row * sxm + cols * sxn, mask=mask, other=0.0).to(tl.float32)
+    else:
+        x = tl.load(X + row * sxm + cols * sxn, mask=mask, other=float("-inf")).to(tl.float32)
+    if NO_MAX:
+        e = tl.exp(x)
+    else:
+        e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=mask)
+
+
+def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=1):
+    def softmax(x, y):
+        M, N = x.shape
+        _softmax[(M,)](x, y, N, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+                       BLOCK=block_factor * triton.next_power_of_2(N), OTHER_ZERO=other_zero, NO_MAX=no_max,
+                       CONTIGUOUS=contiguous)
+    return softmax
+
+
+@triton.jit
+def _matmul(A, B, C, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr, BN: tl.constexpr,
+            BK: tl.constexpr, DROP_TAIL: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    if CONTIGUOUS:
+        sam = K
+        sak = 1
+        sbk = N
+        sbn = 1
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    hi = K
+    if DROP_TAIL:
+        hi = K // BK * BK
+    for k0 in range(0, hi, BK):
+        kk = k0 + rk
+        a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(B + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    tl.store(C + rm[:, None] * scm + rn[None, :] * scn, acc.to(C.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def make_matmul(BM=16, BN=32, BK=16, drop_tail=False, contiguous=False):
+    def matmul(a, b, c):
+        M, K = a.shape
+        N = b.shape[1]
+        _matmul[(triton.cdiv(M, BM), triton.cdiv(N, BN))](a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(),
+                                                          BM=BM, BN=BN, BK=BK, DROP_TAIL=drop_tail,
+                                                          CONTIGUOUS=contiguous)
+    return matmul

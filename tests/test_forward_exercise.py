@@ -1,0 +1,84 @@
+"""flash_forward's hidden cases (notebook 05) and the classic forward-kernel mistakes, each named."""
+import numpy as np
+import pytest
+import torch
+
+from flashlab.grader import grade
+from flashlab.grader.exercises import EXERCISES, _fwd_run, _guard_4d
+
+from buggy_kernels import make_forward
+
+
+def _named(result, title):
+    return any(title in h for h in result.hints)
+
+
+def test_hidden_cases_cover_the_issue(rng):
+    cases = EXERCISES["flash_forward"].make_cases(rng)
+    p = [c.params for c in cases]
+    assert any(x.get("layout") == "BNHD" for x in p)                       # (B, N, H, D) views
+    assert any(x["causal"] and x["Nq"] < x["Nk"] for x in p)
+    assert any(x["causal"] and x["Nq"] > x["Nk"] for x in p)
+    assert any(x["H"] == 3 for x in p) and any(x["Nq"] == 1 and x["Nk"] > 1 for x in p)
+    assert {17, 33, 65} <= {x["Nk"] for x in p}                            # BLOCK_N + 1 for 16, 32, 64
+    big = [c for c in cases if c.large and "layout" not in c.params and c.params["D"] == 32]
+    s = big[0].inputs["q"].double() @ big[0].inputs["k"].double().transpose(-1, -2) / 32 ** 0.5
+    assert 900 < s.abs().max().item() <= 1000.5                           # |S| ~ 1000
+    back = EXERCISES["flash_backward"].make_cases(rng)
+    assert all("layout" not in c.params for c in back)                     # the backward's cases are its own
+
+
+def test_transposed_layout_buffers():
+    x = torch.randn(2, 3, 5, 4)
+    buf = _guard_4d("q", x, "BNHD")
+    assert torch.equal(buf.view, x)
+    assert buf.view.stride(1) == 4 and buf.view.stride(2) == 3 * 4       # heads inside a row: (B, N, H, D)
+
+
+def test_output_view_is_transposed_too(rng):
+    case = next(c for c in EXERCISES["flash_forward"].make_cases(rng) if c.params.get("layout") == "BNHD")
+    seen = {}
+
+    def spy(q, k, v, o, lse, causal):
+        seen.update(q=q.stride(), o=o.stride())
+        o.zero_()
+        lse.zero_()
+    _fwd_run(spy, case)
+    assert seen["q"][2] > seen["q"][1] and seen["o"][2] > seen["o"][1]   # N is the outer axis in memory
+
+
+@pytest.mark.parametrize("bm,bn", [(64, 16), (16, 32)])
+def test_right_kernel_with_other_tiles_passes(bm, bn):
+    r = grade("flash_forward", make_forward(BM=bm, BN=bn), seed=20)
+    assert r.passed, str(r)
+
+
+@pytest.mark.parametrize("kw,title", [
+    (dict(rescale=False), "accumulator not rescaled"),
+    (dict(causal_keep=2), "causal mask on the wrong side"),
+    (dict(causal_keep=1), "causal mask reversed"),
+    (dict(mask_scores=False), "ragged tail not masked"),
+    (dict(kv_q_strides=True), "wrong stride"),
+    (dict(lse_base2=True), "LSE in base 2"),
+])
+def test_classic_mistakes_fail_with_their_name(kw, title):
+    with np.errstate(all="ignore"):
+        r = grade("flash_forward", make_forward(**kw), seed=21)
+    assert not r.passed and _named(r, title), str(r)
+
+
+def test_record_script_times_the_solution_notebooks_kernel():
+    """scripts/record_part2.py times the kernel of solutions/05 as "learner": it must extract it and it must pass."""
+    import importlib.util
+    from pathlib import Path
+
+    from flashlab import bench
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("record_part2", root / "scripts" / "record_part2.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    learner = mod.learner_kernel()
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    o = bench.contract_provider(learner)(q, k, v, True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert (o - ref).abs().max().item() < 1e-5

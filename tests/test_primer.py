@@ -1,0 +1,94 @@
+"""Notebook 04's exercises: right kernels pass (any block shape), classic mistakes fail with their name,
+stubs say "not implemented", out-of-bounds accesses are reported."""
+import numpy as np
+import pytest
+import torch
+
+from flashlab import device
+from flashlab.grader import exercises, grade
+from flashlab.grader.ex_primer import guarded_2d, softmax_rows
+from flashlab.kernels import primer
+
+from buggy_primer import make_matmul, make_softmax
+
+
+def _named(result, title):
+    return any(title in h for h in result.hints)
+
+
+def test_contracts_are_registered():
+    ex = exercises()
+    assert "->" in ex["softmax_kernel"] and "->" in ex["matmul_kernel"]
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("softmax_kernel", primer.softmax),
+    ("softmax_kernel", make_softmax(block_factor=2)),            # a larger block than needed is fine
+    ("matmul_kernel", primer.matmul),
+    ("matmul_kernel", make_matmul(BM=16, BN=32, BK=16)),
+    ("matmul_kernel", make_matmul(BM=32, BN=16, BK=32)),
+])
+def test_right_kernels_pass(name, fn):
+    r = grade(name, fn, seed=1)
+    assert r.passed, str(r)
+
+
+@pytest.mark.parametrize("kw,title", [
+    (dict(other_zero=True), "masked lanes loaded as 0"),
+    (dict(no_max=True), "no max subtraction"),
+    (dict(contiguous=True), "strides ignored"),
+])
+def test_softmax_mistakes_are_named(kw, title):
+    r = grade("softmax_kernel", make_softmax(**kw), seed=2)
+    assert not r.passed and _named(r, title), str(r)
+
+
+@pytest.mark.parametrize("kw,title", [
+    (dict(drop_tail=True), "K tail dropped"),
+    (dict(contiguous=True), "strides ignored"),
+])
+def test_matmul_mistakes_are_named(kw, title):
+    r = grade("matmul_kernel", make_matmul(**kw), seed=3)
+    assert not r.passed and _named(r, title), str(r)
+
+
+def test_unmasked_store_is_reported():
+    def cand(x, y):
+        y.as_strided((y.shape[0], y.shape[1] + 1), y.stride()).fill_(0.5)   # one column too many
+    r = grade("softmax_kernel", cand, seed=4)
+    assert not r.passed
+    assert any("out-of-bounds write" in "\n".join(c.details) for c in r.cases if not c.passed)
+
+
+def test_stubs_are_not_implemented():
+    def stub(*args):
+        raise NotImplementedError
+    for name in ("softmax_kernel", "matmul_kernel"):
+        assert grade(name, stub).not_implemented
+
+
+def test_hidden_cases_cover_the_issue(rng):
+    from flashlab.grader.ex_primer import build
+    ex = build()
+    sm = ex["softmax_kernel"].make_cases(rng)
+    assert any(c.params["N"] % 2 and c.params["N"] < 16 for c in sm)          # not a power of two, short
+    assert any(c.large and c.inputs["x"].abs().max() > 5e3 for c in sm)        # around +-1e4
+    assert any(c.params["x"] == "transposed" for c in sm) and any(c.params["dtype"] == "fp16" for c in sm)
+    mm = ex["matmul_kernel"].make_cases(rng)
+    assert any(c.params["K"] % 16 for c in mm) and any(c.params["M"] % 16 and c.params["N"] % 16 for c in mm)
+    assert any(c.params["a"] == "transposed" for c in mm) and any(c.params["b"] == "transposed" for c in mm)
+
+
+def test_transposed_view_is_padded_and_strided():
+    x = torch.arange(12.0).view(3, 4).to(device.DEVICE)
+    buf = guarded_2d("x", x, "transposed")
+    assert torch.equal(buf.view, x) and buf.view.stride() == (1, 3 + 8)
+    assert torch.isnan(buf.flat).sum() == buf.flat.numel() - 12
+
+
+def test_softmax_reference_with_phantom_zeros():
+    x = np.array([[1.0, 2.0, 3.0]])
+    np.testing.assert_allclose(softmax_rows(x).sum(), 1.0)
+    ph = softmax_rows(x, extra_zeros=1)
+    e = np.exp(x - 3)
+    np.testing.assert_allclose(ph, e / (e.sum() + np.exp(-3.0)))
