@@ -62,7 +62,11 @@ def fa2_mutant(q, k, v, causal, block_k, scale, rescale="mul", rescale_l=True, p
             s = np.where(keep_all[:, j0:j0 + block_k], scale * (q @ kj.T), -np.inf)
             if phantom_tail and kj.shape[0] < block_k:
                 extra = block_k - kj.shape[0]
-                s = np.concatenate([s, np.zeros((nq, extra))], axis=1)
+                # a phantom key j >= Nk scores 0 (K loaded with other=0), but a causal mask still hides it
+                # from queries i < j, as it would in the kernel
+                js = np.arange(j0 + kj.shape[0], j0 + block_k)
+                seen = np.ones((nq, extra), bool) if not causal else np.arange(nq)[:, None] >= js[None, :]
+                s = np.concatenate([s, np.where(seen, 0.0, -np.inf)], axis=1)
                 vj = np.concatenate([vj, np.zeros((extra, v.shape[1]))], axis=0)
             m_new = np.maximum(m, s.max(axis=1))
             p = np.exp(s - m_new[:, None])
