@@ -301,7 +301,7 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
     execute = execute or local_executor(ex, candidate, deadline=start + ex.budget)
 
     hidden_no = 0
-    first_fail, passed = None, []
+    failures, passed = [], []          # (case, out, ref) of the wrong answers; cases with right values
     stopped, probed = None, False
     for n_case, case in enumerate(cases):
         if case.visible:
@@ -332,8 +332,8 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
             if not ok:
                 cr.status, cr.message, cr.details, cr.max_err = "fail", msg, details, max_err
                 typed = _check_types(ex, out, ref) is None
-                if first_fail is None and typed and max_err > 0:
-                    first_fail = (case, out, ref)
+                if typed and max_err > 0:
+                    failures.append((case, out, ref))
                 if (ex.probe is not None and typed and not probed and not out.get("_stray") and max_err > 0):
                     probed = True
                     probe = execute("probe", case)
@@ -352,7 +352,11 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
                           "Look for a loop that never ends in your kernel or host code, or a grid far larger "
                           "than the problem."))
             break
-    diagnosed = diagnose(ex, *first_fail, passed=passed) if first_fail is not None else None
+    diagnosed = None
+    for failure in failures:  # the first failing case a known bug explains (some bugs show only on some cases)
+        diagnosed = diagnose(ex, *failure, passed=passed)
+        if diagnosed is not None:
+            break
     if diagnosed is not None:
         result.hints.append(f"This looks like a known bug, {diagnosed.title}: {diagnosed.hint}")
     else:
