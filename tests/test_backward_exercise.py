@@ -114,3 +114,12 @@ def test_stub_is_not_implemented():
 @pytest.fixture(autouse=True)
 def _torch_seed():
     torch.manual_seed(0)
+
+
+def test_atomic_dq_teaching_kernel_passes_the_grader():
+    from flashlab.teaching.atomic_dq import launch_backward_atomic
+
+    def cand(q, k, v, o, lse, do, dq, dk, dv, causal):
+        launch_backward_atomic(q, k, v, o, lse, do, dq, dk, dv, causal, 1 / math.sqrt(q.shape[-1]))
+    r = grade("flash_backward", cand, seed=8)
+    assert r.passed, str(r)
