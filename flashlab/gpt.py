@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from . import device
 
 __all__ = ["load_text", "CharData", "GPTConfig", "GPT", "attention_fn", "attention_from_kernels",
-           "train", "sample", "cpu_config", "gpu_config"]
+           "train", "sample", "set_attention", "cpu_config", "gpu_config", "smooth"]
 
 
 # ----------------------------------------------------------------------------
@@ -296,6 +296,14 @@ def train(attn, cfg: GPTConfig, data: CharData, steps: int = 200, batch_size: in
         "dtype": str(dtype or torch.float32).replace("torch.", ""), "device": str(dev),
         "model": model,
     }
+
+
+def set_attention(model: GPT, attn) -> GPT:
+    """Swap the attention of every block (e.g. to sample with SDPA from weights trained with flashlab)."""
+    fn = attention_fn(attn)
+    for blk in model.blocks:
+        blk.attn = fn
+    return model
 
 
 @torch.no_grad()
