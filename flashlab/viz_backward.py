@@ -156,28 +156,31 @@ def fig_bwd_tflops(rows, dtype="float16", title=None):
     """Backward TFLOP/s against N, one panel per head dim, causal dashed; ``rows``: the record's
     ``bwd_bench`` list (provider, D, causal, N, tflops, status)."""
     ds = sorted({r["D"] for r in rows})
-    fig = Figure(figsize=(5.2 * len(ds), 4))
+    fig = Figure(figsize=(5.2 * len(ds), 4.6))
     provs = list(dict.fromkeys(r["provider"] for r in rows))
+    handles = {}
     for p, d in enumerate(ds):
         ax = fig.add_subplot(1, len(ds), p + 1)
+        ns = sorted({r["N"] for r in rows if r["D"] == d})
         for n, prov in enumerate(provs):
             for causal in (False, True):
                 pts = sorted((r["N"], r["tflops"]) for r in rows if r["provider"] == prov and r["D"] == d
                              and r["causal"] == causal and r["status"] == "ok" and r.get("dtype", dtype) == dtype)
                 if pts:
-                    ax.plot(*zip(*pts), "o-" if not causal else "s--", color=f"C{n}", ms=4,
-                            label=f"{prov}{' causal' if causal else ''}")
+                    (line,) = ax.plot(*zip(*pts), "o-" if not causal else "s--", color=f"C{n}", ms=4)
+                    handles[f"{prov}{', causal' if causal else ''}"] = line
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.minorticks_off()
         ax.set_xlabel("sequence length N (16k tokens per batch)")
         ax.set_ylabel("backward TFLOP/s")
         ax.set_title(f"D = {d}, {dtype}", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
-        if p == len(ds) - 1:
-            ax.legend(fontsize=7, loc="lower right")
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=4, fontsize=8, frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.1 + 0.03 * (len(handles) > 8), 1, 1))
     return fig
 
 
@@ -215,29 +218,38 @@ def fig_bwd_sweep(sweep):
 
 
 def fig_atomic_dq(atomic):
-    """Left: share of dQ elements whose bits differ between two runs (two-kernel vs atomic dQ).
-    Right: backward time of each.  ``atomic``: the record's ``atomic`` dict."""
+    """Left: share of dQ elements whose bits differ between identical runs (two kernels vs atomic dQ).
+    Right: backward TFLOP/s of each.  ``atomic``: the record's ``atomic`` dict."""
     det, tim = atomic["determinism"], atomic["timing"]
-    fig = Figure(figsize=(10, 3.8))
+    fig = Figure(figsize=(10, 4))
     ax = fig.add_subplot(1, 2, 1)
     labels = [f"D={r['D']}{' c' if r['causal'] else ''}\nN={r['N']}" for r in det]
     x = np.arange(len(det))
-    ax.bar(x - 0.2, [100 * r["canonical_differ"] for r in det], 0.4, label="two kernels (canonical)")
-    ax.bar(x + 0.2, [100 * r["atomic_differ"] for r in det], 0.4, label="atomic dQ", color="C3")
+    a = [100 * r["canonical_differ"] for r in det]
+    b = [100 * r["atomic_differ"] for r in det]
+    ax.bar(x - 0.2, a, 0.4, label="two kernels (canonical)")
+    ax.bar(x + 0.2, b, 0.4, label="atomic dQ", color="C3")
+    for xi, (va, vb) in enumerate(zip(a, b)):
+        ax.text(xi - 0.2, va, f"{va:.2g}", ha="center", va="bottom", fontsize=7)
+        ax.text(xi + 0.2, vb, f"{vb:.2g}", ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, max(b + a + [1e-3]) * 1.35)
     ax.set_xticks(x, labels, fontsize=7)
-    ax.set_ylabel("% of dQ elements that differ\nbetween two identical runs")
+    ax.set_ylabel("% of dQ elements whose bits differ\nbetween identical runs")
     ax.set_title(f"Bitwise repeatability over {det[0]['runs']} runs", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, axis="y", alpha=0.3)
     ax2 = fig.add_subplot(1, 2, 2)
     labels = [f"D={r['D']}{' c' if r['causal'] else ''}\nN={r['N']}" for r in tim]
     x = np.arange(len(tim))
-    ax2.bar(x - 0.2, [r["canonical_ms"] for r in tim], 0.4, label="two kernels (canonical)")
-    ax2.bar(x + 0.2, [r["atomic_ms"] for r in tim], 0.4, label="atomic dQ", color="C3")
+    tc = [r.get("canonical_tflops", math.nan) for r in tim]
+    ta = [r.get("atomic_tflops", math.nan) for r in tim]
+    ax2.bar(x - 0.2, tc, 0.4, label="two kernels (canonical)")
+    ax2.bar(x + 0.2, ta, 0.4, label="atomic dQ", color="C3")
+    ax2.set_ylim(0, np.nanmax(tc + ta + [1.0]) * 1.3)
     ax2.set_xticks(x, labels, fontsize=7)
-    ax2.set_ylabel("backward kernels, ms (median)")
-    ax2.set_title("Time (c: causal; fp16, 16k tokens)", fontsize=10)
-    ax2.legend(fontsize=8)
+    ax2.set_ylabel("backward TFLOP/s (kernels only)")
+    ax2.set_title("Speed (c: causal; fp16, 16k tokens)", fontsize=10)
+    ax2.legend(fontsize=8, loc="upper left")
     ax2.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig

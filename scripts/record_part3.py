@@ -56,7 +56,7 @@ def record_gpt(steps):
         r["wall_s"] = time.perf_counter() - t0
         runs[attn] = r
         print(f"gpt {attn:<9} final loss {r['loss'][-1]:.3f}  val {r['val'][-1][1]:.3f}  "
-              f"step {r['step_ms']:.1f} ms  peak {r['peak_mib']:.0f} MiB  ({r['wall_s']:.0f} s)", flush=True)
+              f"step {r['step_ms']:.1f} ms  peak {r['peak_mib'] or 0:.0f} MiB  ({r['wall_s']:.0f} s)", flush=True)
     a, b = runs["sdpa"]["loss"], runs["flashlab"]["loss"]
     diff = [abs(x - y) for x, y in zip(a, b)]
     return {"config": runs["sdpa"]["config"], "params": runs["sdpa"]["params"],
@@ -144,11 +144,14 @@ def main():
     rec["atomic"] = record_atomic(shapes[:2] if args.quick else shapes)
     rec["wall_s"] = time.perf_counter() - t0
     Path(args.out).write_text(json.dumps(rec, indent=1))
-
     print(f"\nwrote {args.out} in {rec['wall_s']:.0f} s")
+    print_table(rec)
+
+
+def print_table(rec):
     print(f"{'GPT (bf16)':<12}{'final loss':>11}{'val':>8}{'step ms':>9}{'peak MiB':>10}")
     for name, r in rec["gpt"]["runs"].items():
-        print(f"{name:<12}{r['loss'][-1]:>11.3f}{r['val'][-1][1]:>8.3f}{r['step_ms']:>9.1f}{r['peak_mib']:>10.0f}")
+        print(f"{name:<12}{r['loss'][-1]:>11.3f}{r['val'][-1][1]:>8.3f}{r['step_ms']:>9.1f}{r['peak_mib'] or 0:>10.0f}")
     print(f"max |loss(sdpa) - loss(flashlab)| over the run: {rec['gpt']['max_abs_loss_diff_sdpa_flashlab']:.3g}")
     big = max(r["N"] for r in rec["bwd_bench"])
     print(f"\nbackward TFLOP/s at N={big} (fp16)")

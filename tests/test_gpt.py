@@ -74,3 +74,24 @@ def test_learner_attention_gradients_match_autograd():
     torch.nn.functional.scaled_dot_product_attention(q2, k2, v2, is_causal=True).backward(do.double())
     for a, b in zip(got, (q2.grad, k2.grad, v2.grad)):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+
+
+def test_notebook_07_figures_render_from_a_record_shaped_like_the_script_writes():
+    from matplotlib.figure import Figure
+
+    from flashlab import viz_backward as VB
+    rows = [{"provider": p, "mode": "bwd", "dtype": "float16", "causal": c, "B": 16384 // n, "H": 32, "N": n, "D": d,
+             "ms": 1.0, "tflops": t, "max_err": 1e-3, "status": "ok"}
+            for p, t in (("flashlab", 300.0), ("sdpa-cudnn", 450.0)) for c in (False, True)
+            for n in (1024, 4096) for d in (64, 128)]
+    rows.append(dict(rows[0], provider="sdpa-efficient", status="unavailable: RuntimeError"))
+    atomic = {"determinism": [{"D": 64, "causal": True, "N": 4096, "runs": 5, "canonical_differ": 0.0,
+                               "atomic_differ": 0.4, "canonical_max_abs_diff": 0.0, "atomic_max_abs_diff": 1e-3}],
+              "timing": [{"D": 64, "causal": True, "N": 4096, "canonical_ms": 1.0, "atomic_ms": 0.9}]}
+    figs = [VB.fig_bwd_tflops(rows), VB.fig_atomic_dq(atomic),
+            VB.fig_bwd_sweep(VB.load_record("h200_backward_sweep.json")),
+            VB.fig_backward_tiles(100, 200, 32, 32, causal=True, program=9),
+            VB.fig_backward_tiles(64, 64, 16, 16, causal=False),
+            VB.fig_loss_curves({"sdpa": [4.0, 3.5, 3.0], "flashlab": [4.0, 3.5, 3.1]}, smooth=2)]
+    assert all(isinstance(f, Figure) for f in figs)
+    assert VB.load_record("no_such_record.json") is None
