@@ -345,34 +345,7 @@ ONLINE_SOFTMAX_NAN_OK = {"div_alpha"}
 
 
 def backward_bugs():
-    """(key, title, hint, fn(q, k, v, do, causal, scale) -> (dq, dk, dv))."""
-    def grads(q, k, v, do, causal, scale, delta="right", ds_scale=True, lse_factor=1.0):
-        keep = keep_mask(len(q), len(k), causal)
-        o, lse = masked_attention(q, k, v, keep, scale)
-        s = np.where(keep, scale * (q @ k.T), -np.inf)
-        p = np.exp(s - lse_factor * lse[:, None])
-        dv = p.T @ do
-        dp = do @ v.T
-        d = {"right": (do * o).sum(1), "none": 0.0, "do_only": do.sum(1)}[delta]
-        d = d[:, None] if np.ndim(d) else d
-        ds = p * (dp - d)
-        f = scale if ds_scale else 1.0
-        return f * ds @ k, f * ds.T @ q, dv
-
-    return [
-        ("no_delta", "Delta missing from dS",
-         "dS = P o (dP - D) with D_i = rowsum(dO_i o O_i); without D the softmax Jacobian is wrong.",
-         lambda q, k, v, do, c, s: grads(q, k, v, do, c, s, delta="none")),
-        ("delta_no_o", "Delta computed without O",
-         "D_i = rowsum(dO_i o O_i): multiply dO by O elementwise before summing.",
-         lambda q, k, v, do, c, s: grads(q, k, v, do, c, s, delta="do_only")),
-        ("no_scale_dqdk", "scale missing from dQ and dK",
-         "S = s Q K^T, so dQ = s dS K and dK = s dS^T Q.",
-         lambda q, k, v, do, c, s: grads(q, k, v, do, c, s, ds_scale=False)),
-        ("causal_ignored_bwd", "causal mask not applied in the backward",
-         "recompute P with the same causal mask as the forward (P = 0 where j > i).",
-         lambda q, k, v, do, c, s: grads(q, k, v, do, False, s) if c else None),
-        ("lse_base2_bwd", "LSE used as if it were base 2",
-         "the saved LSE is a natural log: P = exp(S - L), or exp2((S - L) * log2(e)).",
-         lambda q, k, v, do, c, s: grads(q, k, v, do, c, s, lse_factor=math.log(2.0))),
-    ]
+    """(key, title, hint, fn(q, k, v, do, causal, scale) -> (dq, dk, dv)): the backward's mistakes live in
+    :mod:`flashlab.grader.bugs_backward` (with their tile-size variants)."""
+    from .bugs_backward import backward_bugs as _backward_bugs
+    return _backward_bugs()

@@ -21,8 +21,9 @@ from . import bugs as B
 from . import requirements as Rq
 from . import ex_primer
 from . import kernel_bugs as KB
+from . import bugs_backward as BB
 from .core import Bug, Case, Exercise
-from .memory import SENTINEL, output_buffer, padded, stray_writes, unwritten
+from .memory import SENTINEL, Padded, output_buffer, padded, stray_writes, unwritten
 
 # ----------------------------------------------------------------------------
 # data
@@ -615,12 +616,59 @@ def _bwd_inputs(case):
             torch.from_numpy(ref["lse"]).to(device=q.device, dtype=torch.float32))
 
 
+def _bwd_cases(rng):
+    """The shared kernel cases (with a dO), plus the ones only a backward can get wrong."""
+    cases = _kernel_cases(rng, backward=True)
+    spec = [  # B, H, Nq, Nk, D, causal, dtype, max |S| (None: ordinary data), dO layout
+        (1, 2, 40, 100, 16, True, "fp32", None, "bhnd"),    # keys 40..99 are seen by no query: dK = dV = 0, written
+        (1, 1, 48, 48, 32, True, "fp32", 1000.0, "bhnd"),   # |S| ~ 1000: P = e^(S - L) must subtract first
+        (2, 2, 45, 45, 16, False, "fp32", None, "bnhd"),    # dO non-contiguous: a (B, N, H, D) buffer, transposed
+        (1, 1, 33, 50, 128, True, "fp16", None, "bhnd"),    # D = 128
+    ]
+    if device.DEVICE.type == "cuda":  # realistic sizes; bf16 only means something on a GPU
+        spec.append((1, 2, 200, 1000, 64, True, "fp16", None, "bhnd"))
+        spec.append((2, 2, 300, 400, 128, True, "bf16", None, "bnhd"))
+        spec.append((1, 2, 256, 256, 16, False, "bf16", None, "bhnd"))
+    for b, h, nq, nk, d, causal, dt, s_max, layout in spec:
+        q, k, v, do = (rng.standard_normal((b, h, n, d)) for n in (nq, nk, nk, nq))
+        if s_max is not None:  # scale Q so that the largest |S_ij| is s_max
+            q = q * (s_max / (np.abs(np.einsum("bhid,bhjd->bhij", q, k)).max() / math.sqrt(d)))
+        dtype = _TORCH_DTYPES[dt]
+        t = {n: torch.from_numpy(x).to(device=device.DEVICE, dtype=dtype)
+             for n, x in (("q", q), ("k", k), ("v", v), ("do", do))}
+        params = {"B": b, "H": h, "Nq": nq, "Nk": nk, "D": d, "causal": causal, "dtype": dt}
+        if layout != "bhnd":
+            params["dO layout"] = layout
+        cases.append(Case(params, t, False, s_max is not None))
+    for case in cases:
+        case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
+    return cases
+
+
+def _bwd_tol(case, name, ref):
+    """The kernel tolerance, plus the recomputed-P term of the accuracy rule: every P_ij of row i carries
+    the float32 rounding of L_i, |L_i| 2^-24 (visible only when |S| is in the hundreds)."""
+    lse_max = float(case.inputs["lse"].abs().max()) if "lse" in case.inputs else 0.0
+    mag = max(1.0, float(np.nanmax(np.abs(np.where(np.isfinite(ref), ref, 0)))))
+    return _kernel_tol(case, name, ref) + 4 * lse_max * 2.0**-24 * mag
+
+
+def _bwd_do_buffer(case):
+    """dO inside poisoned padding; for the layout "bnhd" its buffer is (B, N, H, D), handed over transposed
+    to (B, H, N, D): strides unlike those of q and o (as autograd can hand a backward)."""
+    do = case.inputs["do"]
+    if case.params.get("dO layout") != "bnhd":
+        return padded("do", do)
+    buf = padded("do", do.transpose(1, 2), row_dim=1)
+    return Padded("do", buf.flat, buf.view.transpose(1, 2), buf.fill)
+
+
 def _bwd_run(f, case):
     p = case.params
-    o_t, lse_t = _bwd_inputs(case)
-    case.inputs.setdefault("o", o_t)
-    case.inputs.setdefault("lse", lse_t)
-    ins = {n: padded(n, case.inputs[n], row_dim=-1 if n == "lse" else -2) for n in ("q", "k", "v", "o", "lse", "do")}
+    if "o" not in case.inputs:
+        case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
+    ins = {n: padded(n, case.inputs[n], row_dim=-1 if n == "lse" else -2) for n in ("q", "k", "v", "o", "lse")}
+    ins["do"] = _bwd_do_buffer(case)
     outs = {n: output_buffer(n, case.inputs[src].shape, case.inputs[src].dtype, device.DEVICE)
             for n, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
     f(ins["q"].view, ins["k"].view, ins["v"].view, ins["o"].view, ins["lse"].view, ins["do"].view,
@@ -630,6 +678,8 @@ def _bwd_run(f, case):
     res = {n: _f64(b.view) for n, b in outs.items()}
     res["_stray"] = [str(s) for s in strays]
     res["_unwritten"] = {n: unwritten(b).cpu().numpy() for n, b in outs.items()}
+    for n in ("dq", "dk", "dv"):      # what was never written is NaN, not the sentinel, for the diagnosis
+        res[n][res["_unwritten"][n]] = np.nan
     return res
 
 
@@ -652,9 +702,30 @@ def _bwd_ref(case):
     return _bwd_per_slice(case, lambda q, k, v, do, c, s: R.attention_backward_naive(q, k, v, do, c, s))
 
 
+def _bwd_variants(case, variants):
+    """Every variant of one mistake on this case, as the grader's output dicts (None: does not apply)."""
+    q, k, v, do = (_f64(case.inputs[n]) for n in ("q", "k", "v", "do"))
+    p = case.params
+    s = 1.0 / math.sqrt(p["D"])
+    per = [[variants(q[b, h], k[b, h], v[b, h], do[b, h], p["causal"], s) for h in range(p["H"])]
+           for b in range(p["B"])]
+    if any(alts is None for row in per for alts in row):
+        return None
+    n_alt = min(len(alts) for row in per for alts in row)
+    out = []
+    for a in range(n_alt):
+        alt = {n: np.empty(_f64(case.inputs[src]).shape) for n, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+        for b in range(p["B"]):
+            for h in range(p["H"]):
+                for n, g in zip(("dq", "dk", "dv"), per[b][h][a]):
+                    alt[n][b, h] = g
+        out.append(alt)
+    return out or None
+
+
 def _bwd_bugs():
-    return [Bug(key, title, hint, (lambda fn: lambda case: _bwd_per_slice(case, fn))(fn))
-            for key, title, hint, fn in B.backward_bugs()]
+    return [Bug(key, title, hint, (lambda var: lambda case: _bwd_variants(case, var))(var))
+            for key, title, hint, var in BB.backward_bug_variants()]
 
 
 # ----------------------------------------------------------------------------
@@ -713,8 +784,8 @@ def _build():
         _kernel_locate, _attn_bugs(True, _kernel_per_slice) + _fwd_kernel_bugs(), probe=_fwd_probe,
         isolate=device.INTERPRET)
     ex["flash_backward"] = Exercise(
-        "flash_backward", _CONTRACTS["flash_backward"], lambda rng: _kernel_cases(rng, backward=True), _bwd_run,
-        _bwd_ref, _kernel_tol, _kernel_locate, _bwd_bugs(), isolate=device.INTERPRET, timeout=240.0)
+        "flash_backward", _CONTRACTS["flash_backward"], _bwd_cases, _bwd_run,
+        _bwd_ref, _bwd_tol, _kernel_locate, _bwd_bugs(), isolate=device.INTERPRET, timeout=240.0)
     return ex
 
 

@@ -1,0 +1,5 @@
+"""Teaching variants: kernels that show an idea, deliberately kept off ``flashlab.flash_attention``'s path.
+
+``atomic_dq``  a one-pass backward that adds dQ with atomics: fewer recomputed scores, but the
+               sum's order (and so its last bits) changes from run to run on a GPU (notebook 07).
+"""
