@@ -110,8 +110,9 @@ def _free_port() -> int:
 class JupyterLab:
     """JupyterLab on 127.0.0.1 (a free port, a token, its own config/runtime/settings folders), serving `root`.
 
-    The notebook view attaches every cell to the page (windowing off), so a figure far down the
-    notebook is in the DOM to be checked; everything else is JupyterLab's default."""
+    Three settings differ from JupyterLab's defaults: every cell is attached to the page (windowing
+    off), so a figure far down the notebook is in the DOM to be checked; saving a notebook keeps its
+    widgets' state (the site shows a stepper's last frame from it); no news pop-up."""
 
     def __init__(self, root: Path, workdir: Path):
         self.root, self.workdir = Path(root), Path(workdir)
@@ -127,9 +128,10 @@ class JupyterLab:
                          ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")]:
             env[var] = str(self.workdir / sub)
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        for plugin, settings in [("notebook-extension/tracker", {"windowingMode": "none"}),
-                                 ("apputils-extension/notification", {"fetchNews": "false"})]:
-            f = self.workdir / "settings" / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        for plugin, settings in [("@jupyterlab/notebook-extension/tracker", {"windowingMode": "none"}),
+                                 ("@jupyterlab/apputils-extension/notification", {"fetchNews": "false"}),
+                                 ("@jupyter-widgets/jupyterlab-manager/plugin", {"saveState": True})]:
+            f = self.workdir / "settings" / f"{plugin}.jupyterlab-settings"
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(json.dumps(settings))
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser",

@@ -8,6 +8,7 @@ FLASHLAB_SCREENSHOT_DIR, else <pytest tmp>/screenshots; the executed notebooks, 
 them, in FLASHLAB_EXECUTED_DIR, else <pytest tmp>/browser-executed (tests/test_site.py builds the
 site from them when no GPU-executed copies are committed).
 """
+import datetime
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ import nbformat
 import pytest
 
 import browser_util
+from flashlab import device
 from browser_util import JS_IMAGES, JS_NOTEBOOK_STATE, ROOT
 
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -136,6 +138,8 @@ def test_lecture_in_jupyterlab(path, lab, artifacts):
         _wait_until_run(page, server, path.name)
         run_s = time.monotonic() - t0
         nb = _save(page, course, relpath)
+        nb.metadata["flashlab_run"] = {**device.report(), "how": "in JupyterLab by tests/test_browser.py",
+                                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         nbformat.write(nb, executed / f"notebooks-{path.name}")
 
         # 1. every code cell ran, and none left an error
