@@ -183,7 +183,20 @@ class JupyterLab:
             return ""
 
     def lab_url(self, relpath: str) -> str:
-        return f"{self.url}/lab/tree/{relpath}?token={self.token}"
+        """The notebook's address in a fresh workspace (`reset`: no tabs restored from an earlier page)."""
+        return f"{self.url}/lab/tree/{relpath}?reset&token={self.token}"
+
+    def api(self, path: str, method="GET"):
+        req = urllib.request.Request(f"{self.url}/api/{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def shutdown_sessions(self) -> None:
+        """Close every notebook session and its kernel (what File > Close and Shut Down Notebook does)."""
+        for session in self.api("sessions"):
+            self.api(f"sessions/{session['id']}", method="DELETE")
 
 
 # JavaScript run in the JupyterLab page (window.jupyterapp, exposed by --LabApp.expose_app_in_browser).

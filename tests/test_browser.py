@@ -54,6 +54,9 @@ def _wait_until_run(page, server, name):
         st = _state(page)
         assert st is not None, f"{name}: the notebook is no longer the current tab"
         assert st["kernel"] not in ("dead", "unknown"), f"{name}: the kernel died\n{server and server.log_tail()}"
+        dialog = page.locator(".jp-Dialog")
+        if dialog.count():
+            pytest.fail(f"{name}: JupyterLab shows a dialog: {dialog.first.inner_text()[:300]!r}")
         done = st["kernel"] == "idle" and not any(c["state"] == "running" for c in st["cells"])
         calm = calm + 1 if done else 0
         if calm >= 2:
@@ -133,6 +136,9 @@ def test_lecture_in_jupyterlab(path, lab, artifacts):
                                timeout=120_000)
         page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        page.wait_for_function(f"""() => {{ const s = ({JS_NOTEBOOK_STATE})();
+                                   return s && s.cells.some(c => c.state === 'running' || c.count !== null); }}""",
+                               timeout=60_000)   # Run All Cells took effect
         t0 = time.monotonic()
         print(f"{path.name}: opened in {t0 - t_open:.0f} s", flush=True)
         _wait_until_run(page, server, path.name)
@@ -173,8 +179,14 @@ def test_lecture_in_jupyterlab(path, lab, artifacts):
         for k in range(expected):
             _drag_slider(page, steppers.nth(k), shots, f"{path.stem}-stepper{k}")
 
+        if page_errors:     # reported, not failed on: JupyterLab itself logs some
+            print(f"{path.name}: JavaScript errors on the page: {page_errors[:5]}")
         _full_screenshot(page, shots / f"{path.stem}.png")
         print(f"{path.name}: ran in {run_s:.0f} s in JupyterLab, all checks {time.monotonic() - t0 - run_s:.0f} s; {len(images)} figures, {expected} steppers; "
               f"screenshot {shots / (path.stem + '.png')}")
+    except BaseException:
+        page.screenshot(path=str(shots / f"{path.stem}-FAILED.png"))
+        raise
     finally:
         page.close()
+        server.shutdown_sessions()

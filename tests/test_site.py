@@ -23,6 +23,11 @@ from browser_util import ROOT
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
 def _site_tools_missing():
     try:
         import jupyter_server_mathjax  # noqa: F401
@@ -48,8 +53,7 @@ def site(tmp_path_factory):
     print(run.stdout)
     assert run.returncode == 0, f"the site build failed:\n{run.stdout}\n{run.stderr}"
     pages = json.loads((out / "pages.json").read_text())
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out / "html"))
-    handler.log_message = lambda *a: None
+    handler = functools.partial(QuietHandler, directory=str(out / "html"))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
