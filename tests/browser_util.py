@@ -182,9 +182,9 @@ class JupyterLab:
         except OSError:
             return ""
 
-    def lab_url(self, relpath: str) -> str:
-        """The notebook's address in a fresh workspace (`reset`: no tabs restored from an earlier page)."""
-        return f"{self.url}/lab/tree/{relpath}?reset&token={self.token}"
+    def lab_url(self) -> str:
+        """JupyterLab's address, in a fresh workspace (`reset`: no tabs restored from an earlier visit)."""
+        return f"{self.url}/lab?reset&token={self.token}"
 
     def api(self, path: str, method="GET"):
         req = urllib.request.Request(f"{self.url}/api/{path}", method=method,
@@ -213,7 +213,7 @@ JS_NOTEBOOK_STATE = """() => {
                 types: outs.map(o => o.output_type),
                 errors: outs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue)});
   }
-  return {kernel: kernel ? kernel.status : null, dirty: w.content.model.dirty, cells};
+  return {path: w.context.path, kernel: kernel ? kernel.status : null, dirty: w.content.model.dirty, cells};
 }"""
 
 JS_IMAGES = """(root) => Array.from(root.querySelectorAll('.jp-OutputArea-output img')).map(img => {
@@ -221,3 +221,12 @@ JS_IMAGES = """(root) => Array.from(root.querySelectorAll('.jp-OutputArea-output
   return {complete: img.complete, natural: [img.naturalWidth, img.naturalHeight], box: [r.width, r.height],
           src: (img.getAttribute('src') || '').slice(0, 80)};
 })"""
+
+# Close every document in the main area and shut its kernel down (cleanup between notebooks).
+JS_CLOSE_ALL = """async () => {
+  const app = window.jupyterapp;
+  for (const w of Array.from(app.shell.widgets('main'))) {
+    if (w.sessionContext) await w.sessionContext.shutdown();
+    w.dispose();
+  }
+}"""

@@ -34,7 +34,11 @@ def lab(tmp_path_factory):
     shutil.copytree(ROOT / "notebooks", course / "notebooks")   # the repository's copies stay stripped
     with browser_util.JupyterLab(course, tmp_path_factory.mktemp("jupyterlab")) as server, \
             browser_util.chromium() as context:
-        yield server, context, course
+        page = context.new_page()         # one JupyterLab page; each test opens its notebook in it
+        page.goto(server.lab_url())
+        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=120_000)
+        page.locator("#jp-MainMenu").wait_for(timeout=120_000)
+        yield server, page, course
 
 
 @pytest.fixture(scope="module")
@@ -123,17 +127,17 @@ def _drag_slider(page, stepper, shots, tag):
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
 def test_lecture_in_jupyterlab(path, lab, artifacts):
-    server, context, course = lab
+    server, page, course = lab
     shots, executed = artifacts
     relpath = f"notebooks/{path.name}"
-    page = context.new_page()
     page_errors = []
-    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    on_error = lambda e: page_errors.append(str(e))   # noqa: E731
+    page.on("pageerror", on_error)
     try:
         t_open = time.monotonic()
-        page.goto(server.lab_url(relpath))
-        page.wait_for_function(f"() => {{ const s = ({JS_NOTEBOOK_STATE})(); return s && s.kernel === 'idle'; }}",
-                               timeout=120_000)
+        page.evaluate("p => window.jupyterapp.commands.execute('docmanager:open', {path: p})", relpath)
+        page.wait_for_function(f"""() => {{ const s = ({JS_NOTEBOOK_STATE})();
+                                   return s && s.path === {relpath!r} && s.kernel === 'idle'; }}""", timeout=120_000)
         page.locator("#jp-MainMenu").get_by_text("Run", exact=True).click()
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         page.wait_for_function(f"""() => {{ const s = ({JS_NOTEBOOK_STATE})();
@@ -186,7 +190,9 @@ def test_lecture_in_jupyterlab(path, lab, artifacts):
               f"screenshot {shots / (path.stem + '.png')}")
     except BaseException:
         page.screenshot(path=str(shots / f"{path.stem}-FAILED.png"))
+        page.keyboard.press("Escape")     # a dialog left open would block the next notebook
         raise
     finally:
-        page.close()
+        page.remove_listener("pageerror", on_error)
+        page.evaluate(browser_util.JS_CLOSE_ALL)
         server.shutdown_sessions()
