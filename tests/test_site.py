@@ -100,8 +100,13 @@ def _check_page(page, url, name, expect_figures, shots):
         page.wait_for_function(f"() => ({js_math})().every(m => m.rendered && !m.raw)", timeout=60_000)
     except PlaywrightTimeout:
         pass    # reported below, formula by formula
+    if page.evaluate("() => !!(window.MathJax && MathJax.Hub)"):     # and its queue to drain
+        page.evaluate("() => new Promise(done => MathJax.Hub.Queue(done))")
     math = page.evaluate(js_math)
-    errors = page.evaluate("() => Array.from(document.querySelectorAll('.MathJax_Error, .merror')).map(e => e.innerText)")
+    # a TeX error becomes <merror>, an undefined macro red text (MathJax's noErrors/noUndefined)
+    errors = page.evaluate("""() => Array.from(document.querySelectorAll('.MathJax[data-mathml], .MathJax_Display [data-mathml]'))
+        .map(e => e.getAttribute('data-mathml'))
+        .filter(m => m.includes('<merror') || m.includes('mathcolor="red"')).map(m => m.slice(0, 120))""")
     images = page.evaluate("""() => Array.from(document.querySelectorAll('img')).map(img => {
         const r = img.getBoundingClientRect();
         return {ok: img.complete && img.naturalWidth > 0 && r.width > 0 && r.height > 0,

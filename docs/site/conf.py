@@ -30,7 +30,8 @@ MATHJAX_DIR = Path(jupyter_server_mathjax.__file__).parent / "static"
 mathjax_path = "mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full"
 mathjax2_config = {
     "tex2jax": {"processEscapes": True, "ignoreClass": "highlight|output"},
-    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None, "preferredFont": None},
+    "HTML-CSS": {"availableFonts": [], "webFont": "STIX-Web", "imageFont": None, "preferredFont": None,
+                 "scale": 92, "linebreaks": {"automatic": True}},
     "messageStyle": "none",
     "menuSettings": {"zoom": "None"},
 }
@@ -38,6 +39,8 @@ myst_update_mathjax = False   # its settings are MathJax 3/4's
 
 html_theme = "sphinx_book_theme"
 html_title = "flashlab: FlashAttention-2, built step by step"
+html_static_path = ["_static"]
+html_css_files = ["flashlab.css"]
 html_theme_options = {
     "show_toc_level": 2,
     "use_download_button": True,
