@@ -8,6 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import browser_util
 from flashlab.colab import badge, install_cell
 from flashlab.grader.assign import assign
 
@@ -42,6 +43,8 @@ def test_there_is_a_course():
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", LECTURES, ids=lambda p: p.name)
 def test_lecture_runs(path, tmp_path):
+    if browser_util.missing() is None:   # executed once, in JupyterLab: tests/test_browser.py
+        pytest.skip("executed in JupyterLab by tests/test_browser.py")
     _run(path, tmp_path)
 
 
