@@ -187,10 +187,10 @@ def contract_provider(fn):
     return provider
 
 
-def load_record(name: str = "h200_part2.json"):
-    """A recorded GPU run from the repository's docs/data/ (written by scripts/record_part2.py), or None
-    when it is not there (not recorded yet, or flashlab installed without the repository)."""
+def load_record(name: str):
+    """A recorded GPU run from ``flashlab/data/`` (a dict; written by ``scripts/record_part*.py``), or None
+    when it has not been recorded.  It is package data, so a Colab install has it too."""
     import json
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "docs" / "data" / name
-    return json.loads(path.read_text()) if path.exists() else None
+    from importlib import resources
+    path = resources.files("flashlab").joinpath("data", name)
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

@@ -4,7 +4,7 @@ Nothing here was measured by the course: these are the vendors' published figure
 (NVIDIA's A100 and H100 architecture whitepapers, the H200 and T4 datasheets, and the
 CUDA C++ Programming Guide's compute-capability tables).  One row is *derived*: the
 aggregate shared-memory bandwidth, 32 banks x 4 bytes per clock per SM, times the SM
-count and the boost clock.  Measured numbers live in ``docs/data/``.
+count and the boost clock.  Measured numbers live in ``flashlab/data/``.
 """
 from __future__ import annotations
 

@@ -6,26 +6,19 @@ notebook then says so instead of showing anything.
 """
 from __future__ import annotations
 
-import json
 import math
-from importlib import resources
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .bench import load_record  # one loader for every recorded run
 from . import viz  # noqa: F401  (registers the PNG display of bare Figures in notebooks)
 
 __all__ = ["load_record", "fig_backward_tiles", "fig_loss_curves", "fig_bwd_tflops", "fig_bwd_sweep",
            "fig_atomic_dq"]
 
 
-def load_record(name: str = "h200_part3.json"):
-    """A recorded measurement from ``flashlab/data`` (a dict), or None if it has not been recorded."""
-    path = resources.files("flashlab").joinpath("data", name)
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
 
 
 # ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Record on a GPU what notebooks 04 and 05 show, so that a CPU run can show it as "recorded".
 
-    python3 scripts/record_part2.py --out docs/data/h200_part2.json
+    python3 scripts/record_part2.py --out flashlab/data/h200_part2.json
 
 Checks first (each provider against a float32 reference before it is timed; the learner's
 kernel, taken from solutions/05_flash_forward.ipynb, must pass grade("flash_forward")), then
@@ -172,7 +172,7 @@ def accuracy_section():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="JSON file to write, e.g. docs/data/h200_part2.json")
+    ap.add_argument("--out", required=True, help="JSON file to write, e.g. flashlab/data/h200_part2.json")
     args = ap.parse_args()
     if device.DEVICE.type != "cuda":
         raise SystemExit("needs a CUDA GPU: this script records GPU timings")
