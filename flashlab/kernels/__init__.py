@@ -94,7 +94,7 @@ def backward_configs(head_dim: int, dtype: torch.dtype) -> list:
     The first pairs for fp16/bf16 were picked by scripts/sweep_backward.py on an H200.
     """
     if dtype == torch.float32 or head_dim > 128:
-        return [(C(32, 32, 4, 2), C(32, 32, 4, 2)), (C(32, 32, 4, 1), C(32, 32, 4, 1)),
+        return [(C(32, 32, 4, 1), C(32, 32, 4, 1)),
                 (C(16, 32, 4, 1), C(32, 16, 4, 1)), (C(16, 16, 4, 1), C(16, 16, 4, 1))]
     if head_dim <= 64:
         return [(C(32, 64, 4, 3), C(64, 32, 4, 3)), (C(32, 64, 4, 2), C(64, 32, 4, 2)),
@@ -186,15 +186,18 @@ def _tma_ok(*tensors) -> bool:
     return True
 
 
-def default_versions() -> dict:
-    """The fastest correct versions for this device: {"fwd": ..., "bwd": ...}.
+def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64) -> dict:
+    """The fastest correct versions for this device and problem: {"fwd": ..., "bwd": ...}.
 
-    Chosen by the H200 measurements in docs/BENCHMARKS.md; tensor descriptors (v3) need
-    Hopper (compute capability 9.0) to pay, elsewhere the forward uses v2.
+    Chosen by the H200 measurements in docs/BENCHMARKS.md: forward v3 (tensor descriptors)
+    on Hopper (compute capability 9.0), v2 elsewhere; backward v2.  fp32 and head dims
+    above 128 keep backward v1: their dot products run on FMA units, where the masks
+    v2 removes cost nothing noticeable, and v2's three loop copies triple the compile time.
     """
     cc = device.capability()
     fwd = "v3" if (cc is not None and cc[0] >= 9) else "v2"
-    return {"fwd": fwd, "bwd": "v2"}
+    bwd = "v1" if (dtype == torch.float32 or head_dim > 128) else "v2"
+    return {"fwd": fwd, "bwd": bwd}
 
 
 _ALLOCATOR_SET = False
@@ -219,11 +222,13 @@ def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype) -> list:
     """
     if kernel == "fwd":
         shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3),
-                  (128, 32, 4, 3)]
+                  (128, 32, 4, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 128, 4, 3)]
     elif kernel == "dkdv":
-        shapes = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 4, 5)]
+        shapes = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 4, 5),
+                  (64, 128, 8, 2), (64, 64, 4, 4), (32, 64, 4, 4)]
     else:
-        shapes = [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 5)]
+        shapes = [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 5),
+                  (128, 64, 8, 2), (64, 64, 4, 4), (64, 32, 4, 4)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
@@ -281,7 +286,7 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
     one of FORWARD_VERSIONS (default: :func:`default_versions`).  ``config`` forces one
     tile config (no autotuning, no fallback).
     """
-    version = version or default_versions()["fwd"]
+    version = version or default_versions(q.dtype, q.shape[-1])["fwd"]
     if version not in FORWARD_VERSIONS:
         raise ValueError(f"version must be one of {FORWARD_VERSIONS}, got {version!r}")
     if version == "v3" and not _tma_ok(q, k, v, o):
@@ -325,7 +330,7 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     ``config``: (dK/dV config, dQ config) forces the tiles (no autotuning, no fallback).
     ``version``: one of BACKWARD_VERSIONS (default: :func:`default_versions`).
     """
-    version = version or default_versions()["bwd"]
+    version = version or default_versions(q.dtype, q.shape[-1])["bwd"]
     if version not in BACKWARD_VERSIONS:
         raise ValueError(f"version must be one of {BACKWARD_VERSIONS}, got {version!r}")
     B, H, Nq, D = q.shape
