@@ -1,6 +1,6 @@
 """Shared memory each tile config needs on each GPU the course names, by compiling for it.
 
-    TRITON_INTERPRET=0 python scripts/shared_memory.py [--quick]
+    TRITON_INTERPRET=0 python scripts/shared_memory.py [--quick] [--targets 75 89]
 
 No GPU is needed: Triton compiles for a target (GPUTarget("cuda", 75, 32) is a T4) and
 reports the shared memory of the compiled kernel.  For every kernel, head dim and target
@@ -49,24 +49,27 @@ def compiled_shared(fn, cfg, head_dim, cc):
     return ck.metadata.shared
 
 
-def main(quick=False):
+def main(quick=False, only=None):
     e = 2
     rows = []
     print(f"{'target':<22}{'kernel':<6}{'D':>4}  {'config':<22}{'estimate':>9}{'compiled':>10}  fits", flush=True)
     for tname, (cc, limit) in TARGETS.items():
+        if only and cc not in only:
+            continue
         for D in (64, 128):
             fw = kernels.forward_configs(D, torch.float16)
             bw = kernels.backward_configs(D, torch.float16)
             lists = {"fwd": fw, "dkdv": [p[0] for p in bw], "dq": [p[1] for p in bw]}
             for kname, cands in lists.items():
-                fit = [c for c in cands if kernels.estimate_shared_memory(kname, c, D, e) <= limit]
+                cap = divmod(cc, 10)
+                fit = [c for c in cands if kernels.estimate_shared_memory(kname, c, D, e, cap) <= limit]
                 picks = [("first", cands[0])]
                 if fit and fit[0] != cands[0]:
                     picks.append(("picked", fit[0]))
                 if quick:
                     picks = picks[-1:]
                 for label, cfg in picks:
-                    est = kernels.estimate_shared_memory(kname, cfg, D, e)
+                    est = kernels.estimate_shared_memory(kname, cfg, D, e, cap)
                     try:
                         sh = compiled_shared(KERNELS[kname], cfg, D, cc)
                     except Exception as ex:  # a target this Triton cannot build for
@@ -81,4 +84,5 @@ def main(quick=False):
 
 
 if __name__ == "__main__":
-    main("--quick" in sys.argv)
+    only = [int(a) for a in sys.argv[sys.argv.index("--targets") + 1:]] if "--targets" in sys.argv else None
+    main("--quick" in sys.argv, only)

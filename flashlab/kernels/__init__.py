@@ -57,22 +57,29 @@ class Config:
 C = Config
 
 
-def estimate_shared_memory(kernel: str, cfg: Config, head_dim: int, elt: int) -> int:
+def estimate_shared_memory(kernel: str, cfg: Config, head_dim: int, elt: int, cc: tuple | None = None) -> int:
     """An upper estimate of the shared memory (bytes) a config needs: the tiles that go through it.
 
     ``kernel``: "fwd" (Q tile + K, V tiles per pipeline stage), "dkdv" or "dq" (the
-    stationary tiles plus the streamed pair per stage).  Checked against what Triton
-    reports when compiling for sm_75 / sm_80 / sm_89 / sm_90 (scripts/shared_memory.py);
-    a config that still does not fit is caught at launch and the next one is tried.
+    stationary tiles plus the streamed pair per stage).  ``cc``: the compute capability;
+    before Ampere (sm_75, no asynchronous copies) Triton stages every operand tile and
+    converts layouts through shared memory: there the estimate is twice the operand tiles.
+    Checked against what Triton reports when compiling for sm_75 / sm_80 / sm_89 / sm_90
+    (scripts/shared_memory.py, docs/BENCHMARKS.md); a config that still does not fit is
+    caught at launch and the next one is tried.
     """
     stages = max(1, cfg.num_stages - 1)
     if kernel == "fwd":
-        return elt * head_dim * (cfg.block_m + stages * 2 * cfg.block_n) + elt * cfg.block_m * cfg.block_n
-    if kernel == "dkdv":   # stationary K, V (block_n rows); streamed Q, dO (block_m rows)
-        return elt * head_dim * (2 * cfg.block_n + stages * 2 * cfg.block_m) + 2 * elt * cfg.block_m * cfg.block_n
-    if kernel == "dq":     # stationary Q, dO (block_m rows); streamed K, V (block_n rows)
-        return elt * head_dim * (2 * cfg.block_m + stages * 2 * cfg.block_n) + 2 * elt * cfg.block_m * cfg.block_n
-    raise ValueError(kernel)
+        rows, streamed, extra = cfg.block_m, 2 * cfg.block_n, cfg.block_m * cfg.block_n
+    elif kernel == "dkdv":   # stationary K, V (block_n rows); streamed Q, dO (block_m rows)
+        rows, streamed, extra = 2 * cfg.block_n, 2 * cfg.block_m, 2 * cfg.block_m * cfg.block_n
+    elif kernel == "dq":     # stationary Q, dO (block_m rows); streamed K, V (block_n rows)
+        rows, streamed, extra = 2 * cfg.block_m, 2 * cfg.block_n, 2 * cfg.block_m * cfg.block_n
+    else:
+        raise ValueError(kernel)
+    if cc is not None and tuple(cc) < (8, 0):
+        return 2 * elt * head_dim * (rows + streamed)
+    return elt * head_dim * (rows + stages * streamed) + elt * extra
 
 
 def forward_configs(head_dim: int, dtype: torch.dtype) -> list:
@@ -120,21 +127,24 @@ def _elt(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _fitting(cands, kernel, head_dim, dtype):
-    limit = device.shared_memory_per_block()
+def _fitting(cands, kernel, head_dim, dtype, limit=None, cc=None):
+    """The candidates whose estimate fits the shared memory ``limit`` (default: this GPU's)."""
+    if limit is None:
+        limit, cc = device.shared_memory_per_block(), device.capability()
     if limit is None:
         return list(cands)
-    fit = [c for c in cands if estimate_shared_memory(kernel, c, head_dim, _elt(dtype)) <= limit]
+    fit = [c for c in cands if estimate_shared_memory(kernel, c, head_dim, _elt(dtype), cc) <= limit]
     return fit or [cands[-1]]
 
 
-def _fitting_pairs(pairs, head_dim, dtype):
-    limit = device.shared_memory_per_block()
+def _fitting_pairs(pairs, head_dim, dtype, limit=None, cc=None):
+    if limit is None:
+        limit, cc = device.shared_memory_per_block(), device.capability()
     if limit is None:
         return list(pairs)
     e = _elt(dtype)
-    fit = [p for p in pairs if estimate_shared_memory("dkdv", p[0], head_dim, e) <= limit
-           and estimate_shared_memory("dq", p[1], head_dim, e) <= limit]
+    fit = [p for p in pairs if estimate_shared_memory("dkdv", p[0], head_dim, e, cc) <= limit
+           and estimate_shared_memory("dq", p[1], head_dim, e, cc) <= limit]
     return fit or [pairs[-1]]
 
 
@@ -191,13 +201,13 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64) -> 
 
     Chosen by the H200 measurements in docs/BENCHMARKS.md: forward v3 (tensor descriptors)
     on Hopper (compute capability 9.0), v2 elsewhere; backward v2.  fp32 and head dims
-    above 128 keep backward v1: their dot products run on FMA units, where the masks
-    v2 removes cost nothing noticeable, and v2's three loop copies triple the compile time.
+    above 128 keep v1: their dot products run on FMA units, where the masks v2 removes
+    cost nothing noticeable, and v2's extra loop copies multiply the compile time.
     """
+    if dtype == torch.float32 or head_dim > 128:
+        return {"fwd": "v1", "bwd": "v1"}
     cc = device.capability()
-    fwd = "v3" if (cc is not None and cc[0] >= 9) else "v2"
-    bwd = "v1" if (dtype == torch.float32 or head_dim > 128) else "v2"
-    return {"fwd": fwd, "bwd": bwd}
+    return {"fwd": "v3" if (cc is not None and cc[0] >= 9) else "v2", "bwd": "v2"}
 
 
 _ALLOCATOR_SET = False
@@ -234,11 +244,11 @@ def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype) -> list:
 
 def _prune(kernel):
     def prune(configs, named_args, **kwargs):
-        limit = device.shared_memory_per_block() or 0
+        limit, cc = device.shared_memory_per_block() or 0, device.capability()
         hd = named_args.get("HEAD_DIM", kwargs.get("HEAD_DIM"))
         e = named_args["Q"].element_size()
         kept = [c for c in configs if estimate_shared_memory(
-            kernel, C(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages), hd, e) <= limit]
+            kernel, C(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages), hd, e, cc) <= limit]
         return kept or configs[-1:]
     return prune
 
