@@ -44,9 +44,9 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, 
             lse2 = tl.load(lse_ptrs + row0 * stride_lm) * LOG2E_K                   # L_i in base 2
             delta = tl.load(delta_ptrs + start_m)                                   # D_i
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T / s (BLOCK_N, BLOCK_M)
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                          # P^T: one FMA, exp2
         if MASK_CAUSAL:
-            p_t = tl.where(offs_n[:, None] <= rows[None, :], p_t, 0.0)              # j <= i
+            s_t = tl.where(offs_n[:, None] <= rows[None, :], s_t, float("-inf"))    # j <= i
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                          # P^T: one FMA, exp2
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)        # dV_j += P^T dO_i
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # dP^T = V_j dO_i^T
         ds_t = p_t * (dp_t - delta[None, :])                                        # dS^T
@@ -122,12 +122,12 @@ def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs
             k = tl.load(k_ptrs + row0 * stride_kn)                                  # K_j
             v = tl.load(v_ptrs + row0 * stride_vn)                                  # V_j
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        p = tl.math.exp2(s * qk_scale - lse2[:, None])                              # P_ij
         if MASKED:
             keep = cols[None, :] < Nk
             if CAUSAL:
                 keep = keep & (cols[None, :] <= offs_m[:, None])
-            p = tl.where(keep, p, 0.0)
+            s = tl.where(keep, s, float("-inf"))
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])                              # P_ij: one FMA, exp2
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)                 # dP_ij
         ds = p * (dp - delta[:, None])                                              # dS_ij
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)           # dQ_i += dS_ij K_j
