@@ -210,3 +210,36 @@ def test_gpu_configs_compile_here():
             o, lse = _op("v2", "v2", cfg, None)(q, k, v, True, None)
             ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
             assert (o.float() - ref).abs().max() < 1e-2, cfg
+
+
+# ------------------------------------------------------------------------ causal loop bounds (notebook 06)
+
+def test_causal_bounds_against_brute_force(rng):
+    from flashlab.kernels.bounds import causal_tile_ranges
+    for _ in range(300):
+        nq, nk = (int(x) for x in rng.integers(1, 400, size=2))
+        bm, bn = (int(x) for x in rng.choice([16, 32, 64, 128], size=2))
+        for t in range(-(-nq // bm)):
+            last_row = (t + 1) * bm - 1
+            end = min(last_row + 1, nk)                                  # keys any row of the tile sees
+            safe = 0
+            while (safe + 1) * bn <= nk and (safe + 1) * bn - 1 <= t * bm:   # full and seen by every row
+                safe += 1
+            assert causal_tile_ranges(t, bm, bn, nq, nk) == (safe * bn, end), (nq, nk, bm, bn, t)
+        assert causal_tile_ranges(0, bm, bn, nq, nk, causal=False) == (nk // bn * bn, nk)
+
+
+def test_causal_loop_bounds_exercise_grades():
+    from flashlab.grader import grade
+    from flashlab.grader.ex_causal import BUGS
+    from flashlab.kernels.bounds import causal_tile_ranges
+    assert grade("causal_loop_bounds", lambda *a: causal_tile_ranges(*a)).passed
+    wrong = {
+        "unmasked_not_whole_tiles": lambda s, bm, bn, nq, nk: (min(s * bm, nk // bn * bn), min((s + 1) * bm, nk)),
+        "ragged_tile_unmasked": lambda s, bm, bn, nq, nk: (s * bm // bn * bn, min((s + 1) * bm, nk)),
+        "end_not_clipped": lambda s, bm, bn, nq, nk: (causal_tile_ranges(s, bm, bn, nq, nk)[0], (s + 1) * bm),
+    }
+    for key, fn in wrong.items():
+        r = grade("causal_loop_bounds", fn)
+        title = next(b.title for b in BUGS if b.key == key)
+        assert not r.passed and any(title in h for h in r.hints), (key, r.hints)
