@@ -76,8 +76,10 @@ def flash_bwd_dkdv_kernel(
                           stride_kn, stride_kd), mask=col_ok[:, None], other=0.0)   # K_j (BLOCK_N, D), stays on chip
     v = tl.load(tile_ptrs(head_base(V, off_b, off_h, stride_vb, stride_vh), start_n * BLOCK_N, offs_c, offs_d,
                           stride_vn, stride_vd), mask=col_ok[:, None], other=0.0)   # V_j (BLOCK_N, D), stays on chip
-    q_ptrs = tile_ptrs(head_base(Q, off_b, off_h, stride_qb, stride_qh), 0, offs_m, offs_d, stride_qm, stride_qd)
-    do_ptrs = tile_ptrs(head_base(DO, off_b, off_h, stride_dob, stride_doh), 0, offs_m, offs_d, stride_dom, stride_dod)
+    q_base = head_base(Q, off_b, off_h, stride_qb, stride_qh)          # 64-bit (batch, head) bases
+    do_base = head_base(DO, off_b, off_h, stride_dob, stride_doh)
+    q_offs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd    # 32-bit, inside one Q tile
+    do_offs = offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
     lse_ptrs = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm
     delta_ptrs = head_base(Delta, off_b, off_h, H * Nq, Nq) + offs_m
 
@@ -92,8 +94,8 @@ def flash_bwd_dkdv_kernel(
         rows = start_m + offs_m
         row_ok = rows < Nq
         row0 = tl.cast(start_m, tl.int64)                                             # 64-bit tile start
-        q = tl.load(q_ptrs + row0 * stride_qm, mask=row_ok[:, None], other=0.0)       # Q_i (BLOCK_M, D)
-        do = tl.load(do_ptrs + row0 * stride_dom, mask=row_ok[:, None], other=0.0)    # dO_i (BLOCK_M, D)
+        q = tl.load(q_base + row0 * stride_qm + q_offs, mask=row_ok[:, None], other=0.0)       # Q_i (BLOCK_M, D)
+        do = tl.load(do_base + row0 * stride_dom + do_offs, mask=row_ok[:, None], other=0.0)    # dO_i (BLOCK_M, D)
         lse = tl.load(lse_ptrs + start_m * stride_lm, mask=row_ok, other=0.0)         # L_i (natural log)
         delta = tl.load(delta_ptrs + start_m, mask=row_ok, other=0.0)                # D_i
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * sm_scale       # S_ij^T (BLOCK_N, BLOCK_M)
@@ -142,16 +144,18 @@ def flash_bwd_dq_kernel(
                            stride_dom, stride_dod), mask=row_ok[:, None], other=0.0)  # dO_i
     lse = tl.load(head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm, mask=row_ok, other=0.0)  # L_i
     delta = tl.load(head_base(Delta, off_b, off_h, H * Nq, Nq) + offs_m, mask=row_ok, other=0.0)
-    k_ptrs = tile_ptrs(head_base(K, off_b, off_h, stride_kb, stride_kh), 0, offs_n, offs_d, stride_kn, stride_kd)
-    v_ptrs = tile_ptrs(head_base(V, off_b, off_h, stride_vb, stride_vh), 0, offs_n, offs_d, stride_vn, stride_vd)
+    k_base = head_base(K, off_b, off_h, stride_kb, stride_kh)          # 64-bit (batch, head) bases
+    v_base = head_base(V, off_b, off_h, stride_vb, stride_vh)
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd    # 32-bit, inside one K tile
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     hi = tl.minimum((start_m + 1) * BLOCK_M, Nk) if CAUSAL else Nk        # block skipping
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         row0 = tl.cast(start_n, tl.int64)                                               # 64-bit tile start
-        k = tl.load(k_ptrs + row0 * stride_kn, mask=cols[:, None] < Nk, other=0.0)      # K_j
-        v = tl.load(v_ptrs + row0 * stride_vn, mask=cols[:, None] < Nk, other=0.0)      # V_j
+        k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)      # K_j
+        v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)      # V_j
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale            # S_ij
         keep = row_ok[:, None] & (cols[None, :] < Nk)
         if CAUSAL:

@@ -25,7 +25,7 @@ from .common import LOG2E_K, head_base, program_tile, tile_ptrs
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
                 offs_n, offs_m, Nq, qk_scale, lo, hi,
                 MASK_ROWS: tl.constexpr, MASK_CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                 DOT_PRECISION: tl.constexpr):
@@ -34,13 +34,13 @@ def _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, 
         rows = start_m + offs_m
         if MASK_ROWS:
             row_ok = rows < Nq
-            q = tl.load(q_ptrs + row0 * stride_qm, mask=row_ok[:, None], other=0.0)
-            do = tl.load(do_ptrs + row0 * stride_dom, mask=row_ok[:, None], other=0.0)
+            q = tl.load(q_base + row0 * stride_qm + q_offs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_base + row0 * stride_dom + do_offs, mask=row_ok[:, None], other=0.0)
             lse2 = tl.load(lse_ptrs + row0 * stride_lm, mask=row_ok, other=0.0) * LOG2E_K
             delta = tl.load(delta_ptrs + start_m, mask=row_ok, other=0.0)
         else:
-            q = tl.load(q_ptrs + row0 * stride_qm)                                  # Q_i (BLOCK_M, D)
-            do = tl.load(do_ptrs + row0 * stride_dom)                               # dO_i
+            q = tl.load(q_base + row0 * stride_qm + q_offs)                                  # Q_i (BLOCK_M, D)
+            do = tl.load(do_base + row0 * stride_dom + do_offs)                               # dO_i
             lse2 = tl.load(lse_ptrs + row0 * stride_lm) * LOG2E_K                   # L_i in base 2
             delta = tl.load(delta_ptrs + start_m)                                   # D_i
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T / s (BLOCK_N, BLOCK_M)
@@ -80,8 +80,10 @@ def flash_bwd_dkdv_kernel_v2(
                           stride_kn, stride_kd), mask=col_ok[:, None], other=0.0)
     v = tl.load(tile_ptrs(head_base(V, off_b, off_h, stride_vb, stride_vh), start_n * BLOCK_N, offs_c, offs_d,
                           stride_vn, stride_vd), mask=col_ok[:, None], other=0.0)
-    q_ptrs = tile_ptrs(head_base(Q, off_b, off_h, stride_qb, stride_qh), 0, offs_m, offs_d, stride_qm, stride_qd)
-    do_ptrs = tile_ptrs(head_base(DO, off_b, off_h, stride_dob, stride_doh), 0, offs_m, offs_d, stride_dom, stride_dod)
+    q_base = head_base(Q, off_b, off_h, stride_qb, stride_qh)          # 64-bit (batch, head) bases
+    do_base = head_base(DO, off_b, off_h, stride_dob, stride_doh)
+    q_offs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd    # 32-bit, inside one Q tile
+    do_offs = offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
     lse_ptrs = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm
     delta_ptrs = head_base(Delta, off_b, off_h, H * Nq, Nq) + offs_m
 
@@ -91,15 +93,15 @@ def flash_bwd_dkdv_kernel_v2(
     if CAUSAL:
         lo = (start_n * BLOCK_N) // BLOCK_M * BLOCK_M                # first Q tile that sees this K tile
         diag = tl.minimum(tl.cdiv((start_n + 1) * BLOCK_N, BLOCK_M) * BLOCK_M, Nq)   # past it: all visible
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
                              offs_n, offs_m, Nq, qk_scale, lo, diag,
                              True, True, BLOCK_M, DOT_PRECISION)     # stage 1: the diagonal
     else:
         diag = 0
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
                          offs_n, offs_m, Nq, qk_scale, diag, full,
                          False, False, BLOCK_M, DOT_PRECISION)       # stage 2: full tiles, no masks
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs, stride_qm, stride_dom, stride_lm,
                          offs_n, offs_m, Nq, qk_scale, tl.maximum(diag, full), Nq,
                          True, False, BLOCK_M, DOT_PRECISION)        # stage 3: the ragged last Q tile
     dk = dk * sm_scale
@@ -110,17 +112,17 @@ def flash_bwd_dkdv_kernel_v2(
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, Nk, qk_scale, lo, hi,
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n, Nk, qk_scale, lo, hi,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         row0 = tl.cast(start_n, tl.int64)
         cols = start_n + offs_n
         if MASKED:
-            k = tl.load(k_ptrs + row0 * stride_kn, mask=cols[:, None] < Nk, other=0.0)
-            v = tl.load(v_ptrs + row0 * stride_vn, mask=cols[:, None] < Nk, other=0.0)
+            k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)
+            v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)
         else:
-            k = tl.load(k_ptrs + row0 * stride_kn)                                  # K_j
-            v = tl.load(v_ptrs + row0 * stride_vn)                                  # V_j
+            k = tl.load(k_base + row0 * stride_kn + k_offs)                                  # K_j
+            v = tl.load(v_base + row0 * stride_vn + v_offs)                                  # V_j
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         if MASKED:
             keep = cols[None, :] < Nk
@@ -165,8 +167,10 @@ def flash_bwd_dq_kernel_v2(
     lse2 = tl.load(head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm,
                    mask=row_ok, other=0.0) * LOG2E_K
     delta = tl.load(head_base(Delta, off_b, off_h, H * Nq, Nq) + offs_m, mask=row_ok, other=0.0)
-    k_ptrs = tile_ptrs(head_base(K, off_b, off_h, stride_kb, stride_kh), 0, offs_n, offs_d, stride_kn, stride_kd)
-    v_ptrs = tile_ptrs(head_base(V, off_b, off_h, stride_vb, stride_vh), 0, offs_n, offs_d, stride_vn, stride_vd)
+    k_base = head_base(K, off_b, off_h, stride_kb, stride_kh)          # 64-bit (batch, head) bases
+    v_base = head_base(V, off_b, off_h, stride_vb, stride_vh)
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd    # 32-bit, inside one K tile
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full = Nk // BLOCK_N * BLOCK_N
@@ -176,9 +180,9 @@ def flash_bwd_dq_kernel_v2(
     else:
         hi = Nk
         unmasked = full
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, Nk, qk_scale,
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n, Nk, qk_scale,
                    0, unmasked, False, CAUSAL, BLOCK_N, DOT_PRECISION)          # stage 1: no masks
-    dq = _dq_inner(dq, q, do, lse2, delta, k_ptrs, v_ptrs, stride_kn, stride_vn, offs_m, offs_n, Nk, qk_scale,
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n, Nk, qk_scale,
                    unmasked, hi, True, CAUSAL, BLOCK_N, DOT_PRECISION)          # stage 2: diagonal, ragged tail
     dq = dq * sm_scale
     tl.store(tile_ptrs(head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), start_m * BLOCK_M, offs_r, offs_d,

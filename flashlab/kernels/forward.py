@@ -32,15 +32,20 @@ from .common import LN2_K, head_base, program_tile, tile_ptrs
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                offs_m, offs_n, Nk, qk_scale, lo, hi,
                DIAGONAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Stream the K/V tiles starting at keys lo, lo + BLOCK_N, ... < hi into (acc, l_i, m_i)."""
+    """Stream the K/V tiles starting at keys lo, lo + BLOCK_N, ... < hi into (acc, l_i, m_i).
+
+    k_base, v_base: the (batch, head) base pointers; k_offs, v_offs: 32-bit offsets inside one tile.
+    Each tile's start is added to the base as one 64-bit scalar, so no tensor of 64-bit pointers
+    stays alive across iterations (registers: see docs/BENCHMARKS.md, 2026-11-30).
+    """
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n                                          # key indices j
         row0 = tl.cast(start_n, tl.int64)                                # 64-bit tile start
-        k = tl.load(k_ptrs + row0 * stride_kn, mask=cols[:, None] < Nk, other=0.0)  # K_j (BLOCK_N, D)
-        v = tl.load(v_ptrs + row0 * stride_vn, mask=cols[:, None] < Nk, other=0.0)  # V_j (BLOCK_N, D)
+        k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)  # K_j (BLOCK_N, D)
+        v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)  # V_j (BLOCK_N, D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # S_ij (BLOCK_M, BLOCK_N), log2 domain
         keep = cols[None, :] < Nk                                        # ragged tail
         if DIAGONAL:
@@ -78,8 +83,10 @@ def flash_fwd_kernel(
 
     q_ptrs = tile_ptrs(head_base(Q, off_b, off_h, stride_qb, stride_qh), start_m * BLOCK_M, offs_r, offs_d,
                        stride_qm, stride_qd)
-    k_ptrs = tile_ptrs(head_base(K, off_b, off_h, stride_kb, stride_kh), 0, offs_n, offs_d, stride_kn, stride_kd)
-    v_ptrs = tile_ptrs(head_base(V, off_b, off_h, stride_vb, stride_vh), 0, offs_n, offs_d, stride_vn, stride_vd)
+    k_base = head_base(K, off_b, off_h, stride_kb, stride_kh)
+    v_base = head_base(V, off_b, off_h, stride_vb, stride_vh)
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd          # inside one K tile, 32-bit
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     q = tl.load(q_ptrs, mask=offs_m[:, None] < Nq, other=0.0)     # Q_i (BLOCK_M, D): loaded once, stays on chip
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)      # running max (log2 domain)
@@ -91,14 +98,14 @@ def flash_fwd_kernel(
         # are never loaded.  Tiles starting before diag_lo are fully visible: no mask.
         hi = tl.minimum((start_m + 1) * BLOCK_M, Nk)
         diag_lo = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, hi)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                    offs_m, offs_n, Nk, qk_scale, 0, diag_lo,
                                    False, BLOCK_N, DOT_PRECISION)     # stage 1: below the diagonal
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                    offs_m, offs_n, Nk, qk_scale, diag_lo, hi,
                                    True, BLOCK_N, DOT_PRECISION)      # stage 2: on the diagonal
     else:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                    offs_m, offs_n, Nk, qk_scale, 0, Nk,
                                    False, BLOCK_N, DOT_PRECISION)
 

@@ -26,7 +26,7 @@ from .common import LN2_K, head_base, program_tile, tile_ptrs
 
 
 @triton.jit
-def _fwd_inner_v2(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+def _fwd_inner_v2(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                   offs_m, offs_n, Nk, qk_scale, lo, hi,
                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
                   DOT_PRECISION: tl.constexpr):
@@ -35,11 +35,11 @@ def _fwd_inner_v2(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         row0 = tl.cast(start_n, tl.int64)
         if MASKED:
             cols = start_n + offs_n
-            k = tl.load(k_ptrs + row0 * stride_kn, mask=cols[:, None] < Nk, other=0.0)
-            v = tl.load(v_ptrs + row0 * stride_vn, mask=cols[:, None] < Nk, other=0.0)
+            k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)
+            v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)
         else:
-            k = tl.load(k_ptrs + row0 * stride_kn)                        # K_j (BLOCK_N, D): a full tile
-            v = tl.load(v_ptrs + row0 * stride_vn)                        # V_j (BLOCK_N, D)
+            k = tl.load(k_base + row0 * stride_kn + k_offs)               # K_j (BLOCK_N, D): a full tile
+            v = tl.load(v_base + row0 * stride_vn + v_offs)               # V_j (BLOCK_N, D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)         # S_ij / scale, unscaled
         if MASKED:
             keep = cols[None, :] < Nk
@@ -81,8 +81,10 @@ def flash_fwd_kernel_v2(
 
     q_ptrs = tile_ptrs(head_base(Q, off_b, off_h, stride_qb, stride_qh), start_m * BLOCK_M, offs_r, offs_d,
                        stride_qm, stride_qd)
-    k_ptrs = tile_ptrs(head_base(K, off_b, off_h, stride_kb, stride_kh), 0, offs_n, offs_d, stride_kn, stride_kd)
-    v_ptrs = tile_ptrs(head_base(V, off_b, off_h, stride_vb, stride_vh), 0, offs_n, offs_d, stride_vn, stride_vd)
+    k_base = head_base(K, off_b, off_h, stride_kb, stride_kh)
+    v_base = head_base(V, off_b, off_h, stride_vb, stride_vh)
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     q = tl.load(q_ptrs, mask=offs_m[:, None] < Nq, other=0.0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -96,10 +98,10 @@ def flash_fwd_kernel_v2(
     else:
         hi = Nk
         unmasked = full
-    acc, l_i, m_i = _fwd_inner_v2(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+    acc, l_i, m_i = _fwd_inner_v2(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nk, qk_scale, 0, unmasked,
                                   False, CAUSAL, BLOCK_N, DOT_PRECISION)      # stage 1: no masks
-    acc, l_i, m_i = _fwd_inner_v2(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+    acc, l_i, m_i = _fwd_inner_v2(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nk, qk_scale, unmasked, hi,
                                   True, CAUSAL, BLOCK_N, DOT_PRECISION)       # stage 2: diagonal, ragged tail
 
