@@ -11,7 +11,7 @@ import pytest
 import torch
 import triton
 
-from flashlab import device, flash_attention, kernels
+from flashlab import device, kernels
 from flashlab.accuracy import check_attention
 from flashlab.kernels import Config as C
 from flashlab.kernels import launch_backward, launch_forward
