@@ -246,3 +246,17 @@ def test_causal_loop_bounds_exercise_grades():
         r = grade("causal_loop_bounds", fn)
         title = next(b.title for b in BUGS if b.key == key)
         assert not r.passed and any(title in h for h in r.hints), (key, r.hints)
+
+
+def test_t4_and_l4_picks_fit_as_compiled():
+    """The configs the launcher picks on a T4 (sm_75, 64 KB) and an L4 (sm_89, 99 KB) at D = 128 are ones
+    whose compiled shared memory (COMPILED_KIB) is within the limit."""
+    fp16 = torch.float16
+    for cc in ((7, 5), (8, 9)):
+        limit = GPUS[cc]
+        f = kernels._fitting(kernels.forward_configs(128, fp16), "fwd", 128, fp16, limit, cc)[0]
+        b1, b2 = kernels._fitting_pairs(kernels.backward_configs(128, fp16), 128, fp16, limit, cc)[0]
+        for kname, c in (("fwd", f), ("dkdv", b1), ("dq", b2)):
+            key = (cc, kname, 128, (c.block_m, c.block_n, c.num_warps, c.num_stages))
+            assert key in COMPILED_KIB, f"{key}: run scripts/shared_memory.py and record it"
+            assert COMPILED_KIB[key] * 1024 <= limit, key
