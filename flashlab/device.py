@@ -72,6 +72,38 @@ def bf16_supported() -> bool:
     return False
 
 
+# Shared memory one program (thread block) may use, by compute capability, as the CUDA
+# programming guide lists it (the "opt-in" maximum).  Used only when the driver cannot be asked.
+SHARED_MEMORY_BY_CC = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024,
+                       (8, 9): 99 * 1024, (9, 0): 227 * 1024}
+
+
+def shared_memory_per_block() -> int | None:
+    """Bytes of shared memory one Triton program may use on this GPU; None in the interpreter.
+
+    T4 (sm_75) 64 KB, L4 / RTX 4090 (sm_89) 99 KB, A100 (sm_80) 163 KB, H100 / H200 (sm_90)
+    227 KB.  Asked of Triton's driver (the number its launcher checks against), else worked
+    out from torch's device properties.
+    """
+    if DEVICE.type != "cuda":
+        return None
+    idx = torch.cuda.current_device()
+    try:
+        import triton
+        return int(triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"])
+    except Exception:
+        props = torch.cuda.get_device_properties(idx)
+        cc = (props.major, props.minor)
+        if cc in SHARED_MEMORY_BY_CC:
+            return SHARED_MEMORY_BY_CC[cc]
+        return int(props.shared_memory_per_multiprocessor) - (1024 if props.major >= 8 else 0)
+
+
+def capability() -> tuple | None:
+    """(major, minor) compute capability of the GPU, None in the interpreter."""
+    return torch.cuda.get_device_capability() if DEVICE.type == "cuda" else None
+
+
 def report() -> dict:
     """A dictionary describing this environment (what ``python -m flashlab env`` prints)."""
     info = {
@@ -84,6 +116,7 @@ def report() -> dict:
         "gpu": None,
         "compute_capability": None,
         "gpu_memory_gib": None,
+        "shared_memory_per_block_kib": None,
         "bf16_kernels": "native" if bf16_supported() else ("upcast to fp32" if INTERPRET else "no"),
         "timings": "yes" if DEVICE.type == "cuda" else "no (interpreter: correct but slow)",
     }
@@ -92,6 +125,7 @@ def report() -> dict:
         info["gpu"] = props.name
         info["compute_capability"] = "%d.%d" % (props.major, props.minor)
         info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        info["shared_memory_per_block_kib"] = (shared_memory_per_block() or 0) // 1024
     return info
 
 

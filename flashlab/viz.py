@@ -334,3 +334,52 @@ def _register_ipython_display() -> None:
 
 
 _register_ipython_display()
+
+
+# ---------------------------------------------------------------- notebook 06: causal stages and versions
+
+def fig_causal_stages(nq=300, nk=300, block_m=64, block_n=32, causal=True):
+    """Tiles of S as the forward kernels v2/v3 visit them: unmasked, masked (diagonal / ragged), skipped."""
+    from .kernels.bounds import tile_kinds
+    kinds = np.array(tile_kinds(nq, nk, block_m, block_n, causal))
+    fig = Figure(figsize=(5.4, 5.0))
+    ax = fig.add_subplot()
+    colors = {0: "white", 1: "C0", 2: "C1"}
+    for i in range(kinds.shape[0]):
+        for j in range(kinds.shape[1]):
+            r0, c0 = i * block_m, j * block_n
+            ax.add_patch(Rectangle((c0, r0), min(block_n, nk - c0), min(block_m, nq - r0),
+                                   facecolor=colors[int(kinds[i, j])], edgecolor="0.6", lw=0.5,
+                                   hatch="//" if kinds[i, j] == 0 else None))
+    ax.set_xlim(0, nk)
+    ax.set_ylim(nq, 0)
+    if causal:
+        ax.plot([0, min(nq, nk)], [0, min(nq, nk)], color="k", lw=1)
+    counts = [int((kinds == k).sum()) for k in (1, 2, 0)]
+    ax.set_xlabel(f"key j (tiles of block_n = {block_n})")
+    ax.set_ylabel(f"query i (tiles of block_m = {block_m})")
+    ax.set_title(f"Nq={nq}, Nk={nk}: {counts[0]} unmasked (blue), {counts[1]} masked (orange), "
+                 f"{counts[2]} skipped", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def fig_tflops_vs_n(series: dict, seqlens, title="", ceiling=None):
+    """TFLOP/s against N, one line per name in ``series`` ({name: [TFLOP/s per N]})."""
+    fig = Figure(figsize=(6.0, 3.8))
+    ax = fig.add_subplot()
+    for name, ys in series.items():
+        ax.plot(seqlens, ys, marker="o", label=name)
+    if ceiling:
+        ax.axhline(ceiling[1], color="0.5", ls="--", lw=1)
+        ax.text(seqlens[0], ceiling[1] * 0.97, ceiling[0], fontsize=7, va="top", color="0.4")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(seqlens, [str(n) for n in seqlens])
+    ax.set_ylim(0, None)
+    ax.set_xlabel("sequence length N (16k tokens per batch)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -3,19 +3,47 @@
 ``launch_forward`` / ``launch_backward`` write into tensors the caller allocated
 (the same contract as the ``flash_forward`` / ``flash_backward`` exercises);
 :mod:`flashlab.attention` does validation, allocation and autograd on top.
+
+Versions (each file diffs against the one before it; docs/BENCHMARKS.md has what each
+was predicted to gain and what it measured):
+
+    forward    v1 forward.py      readable FA2: masks on every tile, hand-picked tiles
+               v2 forward_v2.py   unmasked full tiles, FMA exponent, longest causal tiles first; autotuned
+               v3 forward_v3.py   v2 through tensor descriptors (TMA on Hopper); autotuned
+    backward   v1 backward.py     three kernels (Delta, dK/dV, dQ), masks on every tile
+               v2 backward_v2.py  diagonal / off-diagonal split, base-2 LSE inside; autotuned
+
+Tile configs.  Each kernel has a list of hand-picked configs in order of preference.
+A config whose estimated shared memory exceeds the GPU's (``device.shared_memory_per_block``:
+64 KB on a T4, 99 KB on an L4 or RTX 4090, 163 KB on an A100, 227 KB on an H100 / H200)
+is skipped, and if compiling one still runs out of resources the next is tried; the
+one that worked is remembered.  In the interpreter the first config that fits a small
+problem is used (32 x 32 by default: fewer, smaller programs).  Autotuning (versions
+v2, v3 on a GPU) times a list of configs once per head dim, causal flag, dtype and
+sequence-length bucket (the next power of two), pruned by the same estimate.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
-from .. import device  # noqa: F401  (settles TRITON_INTERPRET before the kernels are defined)
+from .. import device
 from .backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess
-from .forward import LOG2E, flash_fwd_kernel
+from .backward_v2 import flash_bwd_dkdv_kernel_v2, flash_bwd_dq_kernel_v2
+from .common import LOG2E
+from .forward import flash_fwd_kernel
+from .forward_v2 import flash_fwd_kernel_v2
+from .forward_v3 import flash_fwd_kernel_v3
 
-__all__ = ["Config", "forward_config", "backward_config", "launch_forward", "launch_backward"]
+__all__ = ["Config", "forward_configs", "backward_configs", "forward_config", "backward_config",
+           "launch_forward", "launch_backward", "FORWARD_VERSIONS", "BACKWARD_VERSIONS",
+           "default_versions", "estimate_shared_memory", "LOG2E"]
+
+FORWARD_VERSIONS = ("v1", "v2", "v3")
+BACKWARD_VERSIONS = ("v1", "v2")
 
 
 @dataclass(frozen=True)
@@ -26,81 +54,338 @@ class Config:
     num_stages: int = 2
 
 
-def forward_config(head_dim: int, dtype: torch.dtype) -> Config:
-    """Tile sizes for the forward.  Hand-picked; autotuned versions come later in the course."""
-    if device.INTERPRET:
-        return Config(32, 32)                     # the interpreter: fewer, smaller programs
+C = Config
+
+
+def estimate_shared_memory(kernel: str, cfg: Config, head_dim: int, elt: int, cc: tuple | None = None) -> int:
+    """An upper estimate of the shared memory (bytes) a config needs: the tiles that go through it.
+
+    ``kernel``: "fwd" (Q tile + K, V tiles per pipeline stage), "dkdv" or "dq" (the
+    stationary tiles plus the streamed pair per stage).  ``cc``: the compute capability;
+    before Ampere (sm_75, no asynchronous copies) Triton stages every operand tile and
+    converts layouts through shared memory: there the estimate is twice the operand tiles.
+    Checked against what Triton reports when compiling for sm_75 / sm_80 / sm_89 / sm_90
+    (scripts/shared_memory.py, docs/BENCHMARKS.md); a config that still does not fit is
+    caught at launch and the next one is tried.
+    """
+    stages = max(1, cfg.num_stages - 1)
+    if kernel == "fwd":
+        rows, streamed, extra = cfg.block_m, 2 * cfg.block_n, cfg.block_m * cfg.block_n
+    elif kernel == "dkdv":   # stationary K, V (block_n rows); streamed Q, dO (block_m rows)
+        rows, streamed, extra = 2 * cfg.block_n, 2 * cfg.block_m, 2 * cfg.block_m * cfg.block_n
+    elif kernel == "dq":     # stationary Q, dO (block_m rows); streamed K, V (block_n rows)
+        rows, streamed, extra = 2 * cfg.block_m, 2 * cfg.block_n, 2 * cfg.block_m * cfg.block_n
+    else:
+        raise ValueError(kernel)
+    if cc is not None and tuple(cc) < (8, 0):
+        return 2 * elt * head_dim * (rows + streamed)
+    return elt * head_dim * (rows + stages * streamed) + elt * extra
+
+
+def forward_configs(head_dim: int, dtype: torch.dtype) -> list:
+    """Hand-picked forward configs, best first (tiles 128x64 were the H200's choice for v1)."""
     if dtype == torch.float32:
-        return Config(64, 32, num_warps=4, num_stages=2)
+        return [C(64, 32, 4, 2), C(32, 32, 4, 2), C(32, 16, 4, 1), C(16, 16, 4, 1)]
     if head_dim <= 64:
-        return Config(128, 64, num_warps=4, num_stages=3)
+        return [C(128, 64, 4, 3), C(128, 64, 4, 2), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
     if head_dim <= 128:
-        return Config(128, 64, num_warps=8, num_stages=3)
-    return Config(64, 32, num_warps=4, num_stages=2)
+        return [C(128, 64, 8, 3), C(128, 64, 8, 2), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
+    return [C(64, 32, 4, 2), C(32, 32, 4, 2), C(32, 16, 4, 1), C(16, 16, 4, 1)]
 
 
-def backward_config(head_dim: int, dtype: torch.dtype) -> tuple:
-    """(dK/dV kernel config, dQ kernel config): each kernel has its own best tile shape.
+def backward_configs(head_dim: int, dtype: torch.dtype) -> list:
+    """Hand-picked (dK/dV config, dQ config) pairs, best first.
 
     The dK/dV kernel keeps a K/V tile of block_n rows and streams Q tiles of block_m rows;
     the dQ kernel keeps a Q tile of block_m rows and streams K/V tiles of block_n rows.
+    The first pairs for fp16/bf16 were picked by scripts/sweep_backward.py on an H200.
     """
-    if device.INTERPRET:
-        return Config(32, 32), Config(32, 32)
     if dtype == torch.float32 or head_dim > 128:
-        return Config(32, 32, num_warps=4, num_stages=1), Config(32, 32, num_warps=4, num_stages=1)
-    # Picked by scripts/sweep_backward.py on an H200 (docs/BENCHMARKS.md): the dQ kernel wants the
-    # transposed tile of the dK/dV kernel (its stationary side is the large one).
+        return [(C(32, 32, 4, 1), C(32, 32, 4, 1)),
+                (C(16, 32, 4, 1), C(32, 16, 4, 1)), (C(16, 16, 4, 1), C(16, 16, 4, 1))]
     if head_dim <= 64:
-        return Config(32, 64, num_warps=4, num_stages=3), Config(64, 32, num_warps=4, num_stages=3)
-    return Config(64, 128, num_warps=8, num_stages=3), Config(128, 64, num_warps=8, num_stages=3)
+        return [(C(32, 64, 4, 3), C(64, 32, 4, 3)), (C(32, 64, 4, 2), C(64, 32, 4, 2)),
+                (C(32, 32, 4, 1), C(32, 32, 4, 1))]
+    return [(C(64, 128, 8, 3), C(128, 64, 8, 3)), (C(64, 64, 4, 2), C(64, 64, 4, 2)),
+            (C(32, 64, 4, 2), C(64, 32, 4, 2)), (C(32, 32, 4, 1), C(32, 32, 4, 1))]
+
+
+def forward_config(head_dim: int, dtype: torch.dtype) -> Config:
+    """The config the forward uses here (interpreter: 32 x 32; GPU: the first that fits)."""
+    if device.INTERPRET:
+        return C(32, 32)
+    return _fitting(forward_configs(head_dim, dtype), "fwd", head_dim, dtype)[0]
+
+
+def backward_config(head_dim: int, dtype: torch.dtype) -> tuple:
+    if device.INTERPRET:
+        return C(32, 32), C(32, 32)
+    return _fitting_pairs(backward_configs(head_dim, dtype), head_dim, dtype)[0]
+
+
+def _elt(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _fitting(cands, kernel, head_dim, dtype, limit=None, cc=None):
+    """The candidates whose estimate fits the shared memory ``limit`` (default: this GPU's)."""
+    if limit is None:
+        limit, cc = device.shared_memory_per_block(), device.capability()
+    if limit is None:
+        return list(cands)
+    fit = [c for c in cands if estimate_shared_memory(kernel, c, head_dim, _elt(dtype), cc) <= limit]
+    return fit or [cands[-1]]
+
+
+def _fitting_pairs(pairs, head_dim, dtype, limit=None, cc=None):
+    if limit is None:
+        limit, cc = device.shared_memory_per_block(), device.capability()
+    if limit is None:
+        return list(pairs)
+    e = _elt(dtype)
+    fit = [p for p in pairs if estimate_shared_memory("dkdv", p[0], head_dim, e, cc) <= limit
+           and estimate_shared_memory("dq", p[1], head_dim, e, cc) <= limit]
+    return fit or [pairs[-1]]
+
+
+_CHOSEN: dict = {}   # (kernel, version, head_dim, dtype, device index) -> Config that compiled and ran
+
+
+def _launch_first_that_fits(key, cands, launch):
+    """Launch with the remembered config, else with each candidate in turn until one fits."""
+    if key in _CHOSEN:
+        return launch(_CHOSEN[key])
+    errors = []
+    for cfg in cands:
+        try:
+            launch(cfg)
+        except triton.runtime.errors.OutOfResources as e:   # shared memory or registers
+            errors.append(f"{cfg}: {e}")
+            continue
+        _CHOSEN[key] = cfg
+        return
+    raise RuntimeError(f"no tile config fits this GPU for {key[0]} (head dim {key[2]}, {key[3]}):\n"
+                       + "\n".join(errors))
 
 
 def _dot_precision(dtype: torch.dtype, allow_tf32: bool) -> str:
     return "tf32" if (dtype == torch.float32 and allow_tf32) else "ieee"
 
 
+def _grid_1d(n_tiles: int, bh: int) -> tuple:
+    n = n_tiles * bh
+    if n >= 2**31:
+        raise ValueError(f"{n} programs ({n_tiles} tiles x B*H = {bh}) exceed the grid limit 2^31 - 1; "
+                         "split the batch")
+    return (n,)
+
+
+def _n_key(nq: int, nk: int) -> int:
+    """Autotuning bucket: the next power of two of the longer sequence (at least 256)."""
+    return max(256, 1 << (max(nq, nk) - 1).bit_length())
+
+
+def _tma_ok(*tensors) -> bool:
+    """Tensor descriptors need the last stride 1 and 16-byte aligned base and strides."""
+    for t in tensors:
+        e = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((s * e) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64) -> dict:
+    """The fastest correct versions for this device and problem: {"fwd": ..., "bwd": ...}.
+
+    Chosen by the H200 measurements in docs/BENCHMARKS.md: forward v3 (tensor descriptors)
+    on Hopper (compute capability 9.0), v2 elsewhere; backward v2.  fp32 and head dims
+    above 128 keep v1: their dot products run on FMA units, where the masks v2 removes
+    cost nothing noticeable, and v2's extra loop copies multiply the compile time.
+    """
+    if dtype == torch.float32 or head_dim > 128:
+        return {"fwd": "v1", "bwd": "v1"}
+    cc = device.capability()
+    return {"fwd": "v3" if (cc is not None and cc[0] >= 9) else "v2", "bwd": "v2"}
+
+
+_ALLOCATOR_SET = False
+
+
+def _ensure_allocator():
+    """Descriptors built on the device need a global scratch buffer from an allocator."""
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        def alloc(size: int, alignment: int, stream):
+            return torch.empty(size, device=device.DEVICE, dtype=torch.int8)
+        triton.set_allocator(alloc)
+        _ALLOCATOR_SET = True
+
+
+# ----------------------------------------------------------------------------------------- autotuning
+
+def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype) -> list:
+    """Autotuning candidates (GPU only: the interpreter has no driver to time with).
+
+    Kept short: every candidate is compiled once per head dim, causal flag and dtype.
+    """
+    if kernel == "fwd":
+        shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3),
+                  (128, 32, 4, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 128, 4, 3)]
+    elif kernel == "dkdv":
+        shapes = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 4, 5),
+                  (64, 128, 8, 2), (64, 64, 4, 4), (32, 64, 4, 4)]
+    else:
+        shapes = [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 5),
+                  (128, 64, 8, 2), (64, 64, 4, 4), (64, 32, 4, 4)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+
+
+def _prune(kernel):
+    def prune(configs, named_args, **kwargs):
+        limit, cc = device.shared_memory_per_block() or 0, device.capability()
+        hd = named_args.get("HEAD_DIM", kwargs.get("HEAD_DIM"))
+        e = named_args["Q"].element_size()
+        kept = [c for c in configs if estimate_shared_memory(
+            kernel, C(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages), hd, e, cc) <= limit]
+        return kept or configs[-1:]
+    return prune
+
+
+def _quick_bench(fn, quantiles=None, **kw):
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
+_TUNED: dict = {}
+_KEY = ["N_KEY", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"]
+
+
+def _tuned(name: str, kernel, kind: str, head_dim: int, dtype):
+    """``kernel`` wrapped in triton.autotune (built on first use, on a GPU only)."""
+    k = (name, head_dim, dtype)
+    if k not in _TUNED:
+        _TUNED[k] = triton.autotune(configs=_autotune_list(kind, head_dim, dtype), key=_KEY,
+                                    prune_configs_by={"early_config_prune": _prune(kind)},
+                                    do_bench=_quick_bench)(kernel)
+    return _TUNED[k]
+
+
+AUTOTUNE = os.environ.get("FLASHLAB_AUTOTUNE", "1") not in ("0", "", "false", "False")
+
+
+def autotune_enabled(q, n_key: int) -> bool:
+    """Autotune on a GPU, for fp16/bf16 at head dims 64 and 128 and sequences of 1024 or more.
+
+    Smaller problems (and fp32, other head dims) take the hand-picked configs: autotuning
+    compiles every candidate, which costs more than it can save there.  FLASHLAB_AUTOTUNE=0
+    turns it off everywhere.
+    """
+    return (AUTOTUNE and not device.INTERPRET and device.DEVICE.type == "cuda" and n_key >= 1024
+            and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] in (64, 128))
+
+
+# ----------------------------------------------------------------------------------------- launchers
+
 def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: bool = False,
-                   config: Config | None = None):
+                   config: Config | None = None, version: str | None = None):
     """Write O into ``o`` (B, H, Nq, D) and the natural-log LSE into ``lse`` (B, H, Nq) float32.
 
-    Every tensor may have any strides (views into larger buffers work).
+    Every tensor may have any strides (views into larger buffers work).  ``version``:
+    one of FORWARD_VERSIONS (default: :func:`default_versions`).  ``config`` forces one
+    tile config (no autotuning, no fallback).
     """
+    version = version or default_versions(q.dtype, q.shape[-1])["fwd"]
+    if version not in FORWARD_VERSIONS:
+        raise ValueError(f"version must be one of {FORWARD_VERSIONS}, got {version!r}")
+    if version == "v3" and not _tma_ok(q, k, v, o):
+        version = "v2"
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    cfg = config or forward_config(D, q.dtype)
-    grid = (triton.cdiv(Nq, cfg.block_m), B * H)
-    flash_fwd_kernel[grid](
-        q, k, v, o, lse,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
-        H, Nq, Nk, scale * LOG2E,
-        CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D,
-        DOT_PRECISION=_dot_precision(q.dtype, allow_tf32),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    prec = _dot_precision(q.dtype, allow_tf32)
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(), H, Nq, Nk,
+            scale * LOG2E)
+    if version == "v1":
+        kern = flash_fwd_kernel
+    else:
+        args = args + (_n_key(Nq, Nk),)
+        kern = flash_fwd_kernel_v2 if version == "v2" else flash_fwd_kernel_v3
+        if version == "v3":
+            _ensure_allocator()
+
+    if config is None and version != "v1" and autotune_enabled(q, _n_key(Nq, Nk)):
+        tuned = _tuned("fwd" + version, kern, "fwd", D, q.dtype)
+        tuned[lambda m: _grid_1d(triton.cdiv(Nq, m["BLOCK_M"]), B * H)](
+            *args, CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec)
+        return
+
+    def launch(cfg):
+        kern[_grid_1d(triton.cdiv(Nq, cfg.block_m), B * H)](
+            *args, CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D,
+            DOT_PRECISION=prec, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    if config is not None:
+        return launch(config)
+    if device.INTERPRET:
+        return launch(C(32, 32))
+    _launch_first_that_fits(("fwd", version, D, q.dtype, q.device.index),
+                            _fitting(forward_configs(D, q.dtype), "fwd", D, q.dtype), launch)
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *,
-                    allow_tf32: bool = False, config: tuple | None = None):
+                    allow_tf32: bool = False, config: tuple | None = None, version: str | None = None):
     """Write dQ, dK, dV into ``dq``, ``dk``, ``dv`` (shaped like q, k, v).
 
-    ``config``: (dK/dV config, dQ config), default :func:`backward_config`.
+    ``config``: (dK/dV config, dQ config) forces the tiles (no autotuning, no fallback).
+    ``version``: one of BACKWARD_VERSIONS (default: :func:`default_versions`).
     """
+    version = version or default_versions(q.dtype, q.shape[-1])["bwd"]
+    if version not in BACKWARD_VERSIONS:
+        raise ValueError(f"version must be one of {BACKWARD_VERSIONS}, got {version!r}")
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    c1, c2 = config or backward_config(D, q.dtype)
     prec = _dot_precision(q.dtype, allow_tf32)
     delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
     pre_m = 64 if not device.INTERPRET else 32
-    flash_bwd_preprocess[(triton.cdiv(Nq, pre_m), B * H)](
+    flash_bwd_preprocess[_grid_1d(triton.cdiv(Nq, pre_m), B * H)](
         o, do, delta, *o.stride(), *do.stride(), H, Nq, BLOCK_M=pre_m, HEAD_DIM=D)
-    flash_bwd_dkdv_kernel[(triton.cdiv(Nk, c1.block_n), B * H)](
-        q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *lse.stride(),
-        H, Nq, Nk, scale, CAUSAL=causal, BLOCK_M=c1.block_m, BLOCK_N=c1.block_n, HEAD_DIM=D,
-        DOT_PRECISION=prec, num_warps=c1.num_warps, num_stages=c1.num_stages)
-    flash_bwd_dq_kernel[(triton.cdiv(Nq, c2.block_m), B * H)](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *lse.stride(),
-        H, Nq, Nk, scale, CAUSAL=causal, BLOCK_M=c2.block_m, BLOCK_N=c2.block_n, HEAD_DIM=D,
-        DOT_PRECISION=prec, num_warps=c2.num_warps, num_stages=c2.num_stages)
+
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *lse.stride(), H, Nq, Nk)
+    dq_args = (q, k, v, do, lse, delta, dq, *common, *dq.stride(), *lse.stride(), H, Nq, Nk)
+    if version == "v1":
+        dkdv_kern, dq_kern = flash_bwd_dkdv_kernel, flash_bwd_dq_kernel
+        dkdv_args, dq_args = dkdv_args + (scale,), dq_args + (scale,)
+    else:
+        dkdv_kern, dq_kern = flash_bwd_dkdv_kernel_v2, flash_bwd_dq_kernel_v2
+        extra = (scale, scale * LOG2E, _n_key(Nq, Nk))
+        dkdv_args, dq_args = dkdv_args + extra, dq_args + extra
+    kw = dict(CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec)
+
+    if config is None and version != "v1" and autotune_enabled(q, _n_key(Nq, Nk)):
+        _tuned("dkdv" + version, dkdv_kern, "dkdv", D, q.dtype)[
+            lambda m: _grid_1d(triton.cdiv(Nk, m["BLOCK_N"]), B * H)](*dkdv_args, **kw)
+        _tuned("dq" + version, dq_kern, "dq", D, q.dtype)[
+            lambda m: _grid_1d(triton.cdiv(Nq, m["BLOCK_M"]), B * H)](*dq_args, **kw)
+        return
+
+    def launch_dkdv(c):
+        dkdv_kern[_grid_1d(triton.cdiv(Nk, c.block_n), B * H)](
+            *dkdv_args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, **kw)
+
+    def launch_dq(c):
+        dq_kern[_grid_1d(triton.cdiv(Nq, c.block_m), B * H)](
+            *dq_args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, **kw)
+
+    if config is not None:
+        launch_dkdv(config[0])
+        launch_dq(config[1])
+        return
+    if device.INTERPRET:
+        launch_dkdv(C(32, 32))
+        launch_dq(C(32, 32))
+        return
+    pairs = _fitting_pairs(backward_configs(D, q.dtype), D, q.dtype)
+    _launch_first_that_fits(("dkdv", version, D, q.dtype, q.device.index), [p[0] for p in pairs], launch_dkdv)
+    _launch_first_that_fits(("dq", version, D, q.dtype, q.device.index), [p[1] for p in pairs], launch_dq)

@@ -2,7 +2,7 @@
 
 One program computes one tile of Q_i (BLOCK_M rows) for one (batch, head):
 
-    grid = (cdiv(Nq, BLOCK_M), B * H)
+    grid = (cdiv(Nq, BLOCK_M) * B * H,)     one axis, tile index fastest (common.program_tile)
 
 It loads Q_i once, streams K_j, V_j (BLOCK_N rows each) through on-chip memory
 while keeping the online-softmax state (m_i, l_i, acc) in registers, and writes
@@ -17,26 +17,35 @@ Scores are kept in the log2 domain: qk_scale = s * log2(e), so that
 e^(x) = 2^(x log2 e) and the kernel can use the cheaper ``exp2``.
 The LSE is converted back to natural log before it is written.
 
+Every (batch, head) base and every tile's first row is addressed in 64 bits
+(common.head_base, common.tile_ptrs): tensors past 2^31 elements work.
+
 Limits (honest): head dim must be a power of two >= 16 here (the host wrapper
 pads other sizes); no dropout, no GQA, no attention bias.  Raw pointers with
-masks, no tensor descriptors: the faster versions come later beside this one.
+masks on every tile, no tensor descriptors: the faster versions (forward_v2.py,
+forward_v3.py) come beside this one.
 """
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634           # log2(e): qk_scale = scale * LOG2E (host side)
-LN2 = tl.constexpr(0.6931471805599453)  # ln(2): log2 -> natural log (kernel side)
+from .common import LN2_K, head_base, program_tile, tile_ptrs
 
 
 @triton.jit
-def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                offs_m, offs_n, Nk, qk_scale, lo, hi,
                DIAGONAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Stream the K/V tiles starting at keys lo, lo + BLOCK_N, ... < hi into (acc, l_i, m_i)."""
+    """Stream the K/V tiles starting at keys lo, lo + BLOCK_N, ... < hi into (acc, l_i, m_i).
+
+    k_base, v_base: the (batch, head) base pointers; k_offs, v_offs: 32-bit offsets inside one tile.
+    Each tile's start is added to the base as one 64-bit scalar, so no tensor of 64-bit pointers
+    stays alive across iterations (registers: see docs/BENCHMARKS.md, 2026-11-30).
+    """
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n                                          # key indices j
-        k = tl.load(k_ptrs + start_n * stride_kn, mask=cols[:, None] < Nk, other=0.0)  # K_j (BLOCK_N, D)
-        v = tl.load(v_ptrs + start_n * stride_vn, mask=cols[:, None] < Nk, other=0.0)  # V_j (BLOCK_N, D)
+        row0 = tl.cast(start_n, tl.int64)                                # 64-bit tile start
+        k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)  # K_j (BLOCK_N, D)
+        v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)  # V_j (BLOCK_N, D)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # S_ij (BLOCK_M, BLOCK_N), log2 domain
         keep = cols[None, :] < Nk                                        # ragged tail
         if DIAGONAL:
@@ -44,7 +53,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
         s = tl.where(keep, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))                            # m_i^(j)
         p = tl.math.exp2(s - m_new[:, None])                             # P~_ij
-        alpha = tl.math.exp2(m_i - m_new)                                # alpha = e^(m_old - m_new)
+        alpha = tl.math.exp2(m_i - m_new)                                # alpha = 2^(m_old - m_new) = e^(old - new) in natural units
         l_i = l_i * alpha + tl.sum(p, 1)                                 # l_i^(j) = alpha l_i + rowsum(P~_ij)
         acc = acc * alpha[:, None]                                       # diag(alpha) O~_i
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # O~_i += P~_ij V_j
@@ -65,18 +74,19 @@ def flash_fwd_kernel(
     HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """O (B, H, Nq, D) and LSE (B, H, Nq) float32, from Q (B, H, Nq, D), K, V (B, H, Nk, D); any strides."""
-    start_m = tl.program_id(0)                 # which Q tile
-    off_bh = tl.program_id(1)                  # which (batch, head)
-    off_b = off_bh // H
-    off_h = off_bh % H
+    start_m, off_b, off_h = program_tile(tl.cdiv(Nq, BLOCK_M), H)   # which Q tile, batch, head
 
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)   # query rows i of this tile
+    offs_r = tl.arange(0, BLOCK_M)                       # rows inside the Q tile
+    offs_m = start_m * BLOCK_M + offs_r                  # query rows i of this tile
     offs_n = tl.arange(0, BLOCK_N)                       # key offsets inside a K/V tile
     offs_d = tl.arange(0, HEAD_DIM)
 
-    q_ptrs = Q + off_b * stride_qb + off_h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
-    k_ptrs = K + off_b * stride_kb + off_h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = V + off_b * stride_vb + off_h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    q_ptrs = tile_ptrs(head_base(Q, off_b, off_h, stride_qb, stride_qh), start_m * BLOCK_M, offs_r, offs_d,
+                       stride_qm, stride_qd)
+    k_base = head_base(K, off_b, off_h, stride_kb, stride_kh)
+    v_base = head_base(V, off_b, off_h, stride_vb, stride_vh)
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd          # inside one K tile, 32-bit
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     q = tl.load(q_ptrs, mask=offs_m[:, None] < Nq, other=0.0)     # Q_i (BLOCK_M, D): loaded once, stays on chip
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)      # running max (log2 domain)
@@ -88,20 +98,21 @@ def flash_fwd_kernel(
         # are never loaded.  Tiles starting before diag_lo are fully visible: no mask.
         hi = tl.minimum((start_m + 1) * BLOCK_M, Nk)
         diag_lo = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, hi)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                    offs_m, offs_n, Nk, qk_scale, 0, diag_lo,
                                    False, BLOCK_N, DOT_PRECISION)     # stage 1: below the diagonal
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                    offs_m, offs_n, Nk, qk_scale, diag_lo, hi,
                                    True, BLOCK_N, DOT_PRECISION)      # stage 2: on the diagonal
     else:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_kn, stride_vn,
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                    offs_m, offs_n, Nk, qk_scale, 0, Nk,
                                    False, BLOCK_N, DOT_PRECISION)
 
     acc = acc / l_i[:, None]                                      # deferred normalisation, once
-    lse = (m_i + tl.math.log2(l_i)) * LN2                         # L_i = m_i + log l_i, natural log
+    lse = (m_i + tl.math.log2(l_i)) * LN2_K                       # L_i = m_i + log l_i, natural log
     row_ok = offs_m < Nq
-    tl.store(LSE + off_b * stride_lb + off_h * stride_lh + offs_m * stride_lm, lse, mask=row_ok)
-    o_ptrs = O + off_b * stride_ob + off_h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm, lse, mask=row_ok)
+    o_ptrs = tile_ptrs(head_base(O, off_b, off_h, stride_ob, stride_oh), start_m * BLOCK_M, offs_r, offs_d,
+                       stride_om, stride_od)
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])

@@ -1,0 +1,100 @@
+"""FlashAttention-2 forward, v3: v2 with tensor descriptors (TMA on Hopper).
+
+Diff against forward_v2.py: the pointer tensors are gone.  Each program describes
+its (batch, head)'s Q, K, V and O as 2-D tensors (rows x HEAD_DIM) with
+``tl.make_tensor_descriptor`` and loads whole tiles by their first row:
+
+    k = k_desc.load([start_n, 0])        # K_j (BLOCK_N, D)
+
+On Hopper (sm_90) the compiler turns these into the Tensor Memory Accelerator's bulk
+copies: one thread issues a tile copy, no per-element address arithmetic in
+registers, and rows past the end of the tensor come back as zeros (so the loads need
+no mask; only the scores of a ragged last tile are masked).  Stores through a
+descriptor drop rows past the end.  Prediction: fewer registers spent on addresses
+and cheaper loads, most visible at D = 128 where v2's pointer tensors are largest.
+
+Requires: last stride 1, every other stride and the base 16-byte aligned (the
+launcher checks and otherwise runs v2), and ``triton.set_allocator`` (descriptors
+made on the device need a scratch buffer; the launcher sets one).
+"""
+import triton
+import triton.language as tl
+
+from .common import LN2_K, head_base, program_tile
+
+
+@triton.jit
+def _fwd_inner_v3(acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n, Nk, qk_scale, lo, hi,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        k = k_desc.load([start_n, 0])                                     # K_j (BLOCK_N, D), zero past Nk
+        v = v_desc.load([start_n, 0])                                     # V_j (BLOCK_N, D)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if MASKED:
+            cols = start_n + offs_n
+            keep = cols[None, :] < Nk
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def flash_fwd_kernel_v3(
+    Q, K, V, O, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm,
+    H, Nq, Nk, qk_scale, N_KEY,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """v2's contract; stride_qd, stride_kd, stride_vd, stride_od must be 1."""
+    n_tiles = tl.cdiv(Nq, BLOCK_M)
+    start_m, off_b, off_h = program_tile(n_tiles, H)
+    if CAUSAL:
+        start_m = n_tiles - 1 - start_m
+
+    q_desc = tl.make_tensor_descriptor(head_base(Q, off_b, off_h, stride_qb, stride_qh), shape=[Nq, HEAD_DIM],
+                                       strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(head_base(K, off_b, off_h, stride_kb, stride_kh), shape=[Nk, HEAD_DIM],
+                                       strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(head_base(V, off_b, off_h, stride_vb, stride_vh), shape=[Nk, HEAD_DIM],
+                                       strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(head_base(O, off_b, off_h, stride_ob, stride_oh), shape=[Nq, HEAD_DIM],
+                                       strides=[stride_om, 1], block_shape=[BLOCK_M, HEAD_DIM])
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = q_desc.load([start_m * BLOCK_M, 0])                             # Q_i, zero past Nq
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    full = Nk // BLOCK_N * BLOCK_N
+    if CAUSAL:
+        hi = tl.minimum((start_m + 1) * BLOCK_M, Nk)
+        unmasked = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, full)
+    else:
+        hi = Nk
+        unmasked = full
+    acc, l_i, m_i = _fwd_inner_v3(acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n, Nk, qk_scale, 0, unmasked,
+                                  False, CAUSAL, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_inner_v3(acc, l_i, m_i, q, k_desc, v_desc, offs_m, offs_n, Nk, qk_scale, unmasked, hi,
+                                  True, CAUSAL, BLOCK_N, DOT_PRECISION)
+
+    acc = acc / l_i[:, None]
+    lse = (m_i + tl.math.log2(l_i)) * LN2_K
+    tl.store(head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm, lse, mask=offs_m < Nq)
+    o_desc.store([start_m * BLOCK_M, 0], acc.to(O.dtype.element_ty))   # rows past Nq are dropped

@@ -1,0 +1,262 @@
+"""Every kernel version, with the tile shapes the GPUs use, against the float64 reference.
+
+In CI this runs in Triton's interpreter: the production tiles (128 x 64, BLOCK_M != BLOCK_N,
+the dK/dV kernel's 64 x 128 and the dQ kernel's 128 x 64) at small, ragged N, so that the
+tile arithmetic the GPU runs is the arithmetic that is tested.  On a GPU the same cases run
+compiled.  Plus: the shared-memory fallback, the grid, and the GPU-only size limits.
+"""
+import math
+
+import pytest
+import torch
+import triton
+
+from flashlab import device, kernels
+from flashlab.accuracy import check_attention
+from flashlab.kernels import Config as C
+from flashlab.kernels import launch_backward, launch_forward
+
+DEV = device.DEVICE
+
+
+def _op(fwd_version, bwd_version, fwd_cfg=None, bwd_cfg=None):
+    """fn(q, k, v, causal, scale) -> (o, lse), differentiable, through the launchers of one version."""
+    class Op(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o = torch.empty_like(q)
+            lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+            launch_forward(q, k, v, o, lse, causal, scale, version=fwd_version, config=fwd_cfg)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.args = (causal, scale)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, _dlse):
+            q, k, v, o, lse = ctx.saved_tensors
+            grads = [torch.empty_like(t) for t in (q, k, v)]
+            launch_backward(q, k, v, o, lse, do.contiguous(), *grads, *ctx.args, version=bwd_version,
+                            config=bwd_cfg)
+            return (*grads, None, None)
+
+    def fn(q, k, v, causal, scale):
+        return Op.apply(q, k, v, causal, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    return fn
+
+
+def _rand(shape, dtype, mag=1.0):
+    return (mag * torch.randn(shape, device=DEV)).to(dtype)
+
+
+def _assert_ok(checks, label):
+    assert all(c.ok for c in checks), f"{label}:\n" + "\n".join(map(str, checks))
+
+
+VERSIONS = [("v1", "v1"), ("v2", "v2"), ("v3", "v2")]
+TILES = [  # (forward config, (dK/dV config, dQ config)): the shapes the GPU configs use
+    (C(128, 64), (C(64, 128), C(128, 64))),
+    (C(64, 128), (C(32, 64), C(64, 32))),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tiles", TILES, ids=["128x64", "64x128"])
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+def test_production_tiles(rng, fv, bv, tiles, causal):
+    """Ragged Nq != Nk, neither a multiple of any tile; fp16; forward, LSE and all three gradients."""
+    q, k, v = _rand((1, 2, 200, 64), torch.float16), _rand((1, 2, 137, 64), torch.float16), \
+        _rand((1, 2, 137, 64), torch.float16)
+    _assert_ok(check_attention(_op(fv, bv, *tiles), q, k, v, causal), f"{fv}/{bv} tiles {tiles} causal={causal}")
+    q2 = _rand((1, 1, 70, 64), torch.float16)    # Nq < Nk, and a Q tile wider than Nq
+    k2, v2 = _rand((1, 1, 190, 64), torch.float16), _rand((1, 1, 190, 64), torch.float16)
+    _assert_ok(check_attention(_op(fv, bv, *tiles), q2, k2, v2, causal), f"{fv}/{bv} Nq < Nk causal={causal}")
+
+
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_versions_default_tiles_large_logits(rng, fv, bv, dtype):
+    """Each version with the default tiles: large logits (max subtraction), causal, a ragged tail."""
+    q, k, v = _rand((1, 1, 77, 32), dtype, 10.0), _rand((1, 1, 77, 32), dtype, 10.0), _rand((1, 1, 77, 32), dtype)
+    _assert_ok(check_attention(_op(fv, bv), q, k, v, True), f"{fv}/{bv} {dtype} large logits")
+
+
+def test_v3_falls_back_without_unit_stride(rng):
+    """Tensor descriptors need a unit last stride: a non-contiguous head dim runs v2 instead."""
+    base = _rand((1, 1, 40, 64), torch.float16)
+    q = k = v = base[..., ::2]                       # stride 2 in the head dim
+    assert not kernels._tma_ok(q)
+    _assert_ok(check_attention(_op("v3", "v2"), q, k, v, False), "v3 on strided head dim")
+
+
+def test_unknown_version_is_a_clear_error():
+    q = torch.zeros(1, 1, 4, 16, device=DEV)
+    with pytest.raises(ValueError, match="version"):
+        launch_forward(q, q, q, q, q[..., 0].float(), False, 1.0, version="v9")
+
+
+GPUS = {(7, 5): 64 * 1024, (8, 9): 99 * 1024, (8, 0): 163 * 1024, (9, 0): 227 * 1024}   # T4, L4/4090, A100, H100/H200
+
+
+def test_every_gpu_keeps_a_config():
+    """On each GPU the course names, the estimate keeps at least one hand-picked config
+    (head dim 256 in fp32 is not promised on a T4's 64 KB: there it ends in a clear error)."""
+    for cc, limit in GPUS.items():
+        for D in (16, 32, 64, 128, 256):
+            for dt in (torch.float16, torch.float32):
+                if D == 256 and dt == torch.float32 and limit < 99 * 1024:
+                    continue
+                assert kernels._fitting(kernels.forward_configs(D, dt), "fwd", D, dt, limit, cc), (cc, D, dt)
+                pairs = kernels.backward_configs(D, dt)
+                fit = kernels._fitting_pairs(pairs, D, dt, limit, cc)
+                e = torch.empty((), dtype=dt).element_size()
+                assert all(kernels.estimate_shared_memory(k_, c_, D, e, cc) <= limit
+                           for k_, c_ in (("dkdv", fit[0][0]), ("dq", fit[0][1]))), (cc, D, dt)
+
+
+# Shared memory Triton 3.9 reported compiling the v2 kernels (fp16) for each target:
+# (cc, kernel, D, (block_m, block_n, warps, stages)) -> KiB.  From scripts/shared_memory.py.
+COMPILED_KIB = {
+    ((7, 5), "fwd", 64, (128, 64, 4, 3)): 64, ((7, 5), "dkdv", 64, (32, 64, 4, 3)): 40,
+    ((7, 5), "dq", 64, (64, 32, 4, 3)): 40, ((7, 5), "fwd", 128, (128, 64, 8, 3)): 96,
+    ((7, 5), "fwd", 128, (64, 64, 4, 2)): 64, ((7, 5), "dkdv", 128, (64, 128, 8, 3)): 160,
+    ((7, 5), "dkdv", 128, (32, 64, 4, 2)): 80, ((7, 5), "dq", 128, (128, 64, 8, 3)): 160,
+    ((7, 5), "dq", 128, (64, 32, 4, 2)): 80,
+    ((8, 0), "fwd", 128, (128, 64, 8, 3)): 48, ((8, 0), "dkdv", 128, (64, 128, 8, 3)): 113,
+    ((8, 0), "dq", 128, (128, 64, 8, 3)): 96,
+    ((7, 5), "fwd", 128, (64, 32, 4, 2)): 48, ((7, 5), "dkdv", 128, (32, 32, 4, 1)): 48,
+    ((7, 5), "dq", 128, (32, 32, 4, 1)): 48,
+    ((8, 9), "dkdv", 128, (64, 64, 4, 2)): 72, ((8, 9), "dq", 128, (64, 64, 4, 2)): 56,
+    ((8, 9), "fwd", 128, (128, 64, 8, 2)): 48,
+    ((9, 0), "fwd", 128, (128, 64, 8, 3)): 64, ((9, 0), "dkdv", 128, (64, 128, 8, 3)): 97,
+    ((9, 0), "dq", 128, (128, 64, 8, 3)): 96, ((9, 0), "fwd", 64, (128, 64, 4, 3)): 32,
+}
+
+
+@pytest.mark.parametrize("key", list(COMPILED_KIB), ids=lambda k: f"sm{k[0][0]}{k[0][1]}-{k[1]}-D{k[2]}-{k[3]}")
+def test_shared_memory_estimate_is_an_upper_bound(key):
+    cc, kernel, D, (m, n, w, st) = key
+    assert kernels.estimate_shared_memory(kernel, C(m, n, w, st), D, 2, cc) >= COMPILED_KIB[key] * 1024
+
+
+def test_fallback_when_out_of_resources():
+    """A config that does not fit (OutOfResources at launch) is skipped and the next one remembered."""
+    tried = []
+
+    def launch(cfg):
+        tried.append(cfg)
+        if cfg.block_m > 64:
+            raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+
+    key = ("test", "v0", 128, torch.float16, None)
+    kernels._CHOSEN.pop(key, None)
+    kernels._launch_first_that_fits(key, [C(128, 64), C(64, 64), C(32, 32)], launch)
+    assert tried == [C(128, 64), C(64, 64)] and kernels._CHOSEN[key] == C(64, 64)
+    kernels._launch_first_that_fits(key, [C(128, 64), C(64, 64)], launch)
+    assert tried[-1] == C(64, 64) and len(tried) == 3
+    with pytest.raises(RuntimeError, match="no tile config fits"):
+        kernels._launch_first_that_fits(("x",) + key[1:], [C(128, 64)], launch)
+    kernels._CHOSEN.pop(key, None)
+
+
+def test_grid_is_one_axis_and_checked():
+    assert kernels._grid_1d(3, 100000) == (300000,)
+    with pytest.raises(ValueError, match="grid limit"):
+        kernels._grid_1d(2**16, 2**15)
+
+
+# ------------------------------------------------------------------------------------------- GPU only
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+def test_gpu_many_heads(rng, fv, bv):
+    """B * H = 70400 > 65535 (grid axis 1's limit): a 1-D grid has none."""
+    q, k, v = (_rand((1100, 64, 40, 16), torch.float16) for _ in range(3))
+    o, lse = _op(fv, bv)(q, k, v, True, None)
+    for b, h in ((0, 0), (1099, 63), (550, 7)):
+        s = (q[b, h].double() @ k[b, h].double().T) / 4.0
+        s = s.masked_fill(torch.ones(40, 40, device=DEV, dtype=torch.bool).triu(1), float("-inf"))
+        ref = torch.softmax(s, -1) @ v[b, h].double()
+        assert (o[b, h].double() - ref).abs().max() < 5e-3, (b, h)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+def test_gpu_tensor_past_2_31_elements(fv, bv):
+    """B = 34, H = 32, N = 16384, D = 128 (2.28e9 elements per tensor): forward and backward,
+    checked on the last (batch, head), whose offsets are past 2^31 elements."""
+    B, H, N, D = 34, 32, 16384, 128
+    assert B * H * N * D > 2**31
+    g = torch.Generator(device=DEV).manual_seed(1)
+    q, k, v = (torch.randn(B, H, N, D, device=DEV, dtype=torch.float16, generator=g).requires_grad_()
+               for _ in range(3))
+    do = torch.randn(B, H, N, D, device=DEV, dtype=torch.float16, generator=g)
+    o, lse = _op(fv, bv)(q, k, v, True, None)
+    o.backward(do)
+    b, h, n = B - 1, H - 1, 2048    # the last head, its first 2048 queries (causal: they see keys < 2048)
+    qq, kk, vv = (t[b, h, :n].detach().double().requires_grad_() for t in (q, k, v))
+    s = (qq @ kk.T) / math.sqrt(D)
+    s = s.masked_fill(torch.ones(n, n, device=DEV, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.softmax(s, -1) @ vv
+    ref.backward(do[b, h, :n].double())
+    assert (o[b, h, :n].double() - ref).abs().max() < 1e-2
+    assert (q.grad[b, h, :n].double() - qq.grad).abs().max() < 5e-2
+    del q, k, v, do, o
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_gpu_configs_compile_here():
+    """Every hand-picked config that the estimate keeps compiles and runs on this GPU."""
+    for D in (64, 128):
+        q, k, v = (_rand((1, 2, 300, D), torch.float16) for _ in range(3))
+        for cfg in kernels._fitting(kernels.forward_configs(D, torch.float16), "fwd", D, torch.float16):
+            o, lse = _op("v2", "v2", cfg, None)(q, k, v, True, None)
+            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+            assert (o.float() - ref).abs().max() < 1e-2, cfg
+
+
+# ------------------------------------------------------------------------ causal loop bounds (notebook 06)
+
+def test_causal_bounds_against_brute_force(rng):
+    from flashlab.kernels.bounds import causal_tile_ranges
+    for _ in range(300):
+        nq, nk = (int(x) for x in rng.integers(1, 400, size=2))
+        bm, bn = (int(x) for x in rng.choice([16, 32, 64, 128], size=2))
+        for t in range(-(-nq // bm)):
+            last_row = (t + 1) * bm - 1
+            end = min(last_row + 1, nk)                                  # keys any row of the tile sees
+            safe = 0
+            while (safe + 1) * bn <= nk and (safe + 1) * bn - 1 <= t * bm:   # full and seen by every row
+                safe += 1
+            assert causal_tile_ranges(t, bm, bn, nq, nk) == (safe * bn, end), (nq, nk, bm, bn, t)
+        assert causal_tile_ranges(0, bm, bn, nq, nk, causal=False) == (nk // bn * bn, nk)
+
+
+def test_causal_loop_bounds_exercise_grades():
+    from flashlab.grader import grade
+    from flashlab.grader.ex_causal import BUGS
+    from flashlab.kernels.bounds import causal_tile_ranges
+    assert grade("causal_loop_bounds", lambda *a: causal_tile_ranges(*a)).passed
+    wrong = {
+        "unmasked_not_whole_tiles": lambda s, bm, bn, nq, nk: (min(s * bm, nk // bn * bn), min((s + 1) * bm, nk)),
+        "ragged_tile_unmasked": lambda s, bm, bn, nq, nk: (s * bm // bn * bn, min((s + 1) * bm, nk)),
+        "end_not_clipped": lambda s, bm, bn, nq, nk: (causal_tile_ranges(s, bm, bn, nq, nk)[0], (s + 1) * bm),
+    }
+    for key, fn in wrong.items():
+        r = grade("causal_loop_bounds", fn)
+        title = next(b.title for b in BUGS if b.key == key)
+        assert not r.passed and any(title in h for h in r.hints), (key, r.hints)
+
+
+def test_t4_and_l4_picks_fit_as_compiled():
+    """The configs the launcher picks on a T4 (sm_75, 64 KB) and an L4 (sm_89, 99 KB) at D = 128 are ones
+    whose compiled shared memory (COMPILED_KIB) is within the limit."""
+    fp16 = torch.float16
+    for cc in ((7, 5), (8, 9)):
+        limit = GPUS[cc]
+        f = kernels._fitting(kernels.forward_configs(128, fp16), "fwd", 128, fp16, limit, cc)[0]
+        b1, b2 = kernels._fitting_pairs(kernels.backward_configs(128, fp16), 128, fp16, limit, cc)[0]
+        for kname, c in (("fwd", f), ("dkdv", b1), ("dq", b2)):
+            key = (cc, kname, 128, (c.block_m, c.block_n, c.num_warps, c.num_stages))
+            assert key in COMPILED_KIB, f"{key}: run scripts/shared_memory.py and record it"
+            assert COMPILED_KIB[key] * 1024 <= limit, key
