@@ -101,7 +101,7 @@ def launch_backward_atomic(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale:
     cfg = config or backward_config(D, q.dtype)[0]
     delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
     pre_m = 32 if device.INTERPRET else 64
-    flash_bwd_preprocess[(triton.cdiv(Nq, pre_m), B * H)](
+    flash_bwd_preprocess[(triton.cdiv(Nq, pre_m) * B * H,)](   # 1-D grid, tile index fastest
         o, do, delta, *o.stride(), *do.stride(), H, Nq, BLOCK_M=pre_m, HEAD_DIM=D)
     dq_acc = torch.zeros((B, H, Nq, D), device=q.device, dtype=torch.float32)
     flash_bwd_atomic_dq_kernel[(triton.cdiv(Nk, cfg.block_n), B * H)](
