@@ -45,6 +45,9 @@ def check_inputs(q, k, v, scale=None) -> None:
     if q.device.type == "cpu" and not device.INTERPRET:
         raise ValueError("q is on the CPU but Triton is compiling for the GPU; move the inputs with "
                          ".cuda() (or set TRITON_INTERPRET=1 before importing flashlab to use the interpreter)")
+    if q.dtype == torch.bfloat16 and q.device.type == "cuda" and not device.bf16_supported():
+        raise TypeError(f"bf16 kernels need compute capability 8.0 or newer (A100, L4, H100); this GPU, "
+                        f"{torch.cuda.get_device_name(q.device)}, has fp16: use torch.float16")
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {q.device}; use a CUDA GPU or the CPU (interpreter)")
     B, H, Nq, D = q.shape

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from .. import device  # noqa: F401  (settles TRITON_INTERPRET before the kernels are defined)
+
+device.require_triton("flashlab.kernels")  # a clear message (and Colab) instead of "No module named 'triton'"
+import triton  # noqa: E402
 from .backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess
 from .forward import LOG2E, flash_fwd_kernel
 
