@@ -1,4 +1,4 @@
-"""Command line: python -m flashlab {env,bench,grade,assign}."""
+"""Command line: python -m flashlab {env,bench,demo,grade,assign}."""
 from __future__ import annotations
 
 import argparse
@@ -57,6 +57,9 @@ def main(argv=None) -> int:
     p.add_argument("--causal", nargs="+", type=lambda s: s.lower() in ("1", "true", "yes"), default=[False, True])
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.set_defaults(func=_bench)
+
+    from . import demo
+    demo.add_command(sub)
 
     from .grader import cli as grader_cli
     grader_cli.add_commands(sub)

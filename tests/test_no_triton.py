@@ -89,6 +89,10 @@ def test_flashlab_imports_grades_numpy_and_explains_the_rest(no_triton_env):
         out["kernels"] = error_of(lambda: importlib.import_module("flashlab.kernels"))
         out["grade_kernel"] = error_of(lambda: grade("flash_forward", lambda *a: None))
 
+        from flashlab import demo                 # the demo: naive and SDPA only, and says why
+        pts = demo.run(demo.Settings(sizes=[16], B=1, H=1, D=16, dtype=torch.float32), progress=False)
+        out["demo"] = {p.provider: p.status for p in pts}
+
         import contextlib, io                     # python -m flashlab env / bench
         from flashlab.__main__ import main
         buf = io.StringIO()
@@ -107,6 +111,7 @@ def test_flashlab_imports_grades_numpy_and_explains_the_rest(no_triton_env):
     assert out["numpy_exercise_passed"] and out["numpy_exercise_2_passed"]
     line = [l for l in out["env"].splitlines() if l.startswith("triton")]
     assert line and "not installed" in line[0] and "Colab" in line[0], out["env"]
+    assert out["demo"] == {"naive": "ok", "sdpa": "ok", "flashlab": "skipped (needs Triton)"}, out["demo"]
     assert out["bench_rc"] == 1
     for what in ("flash_attention", "kernels", "grade_kernel", "bench"):
         msg = out[what]
