@@ -8,6 +8,7 @@ import types
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from flashlab.colab import REPO_URL, install_cell
 
@@ -59,7 +60,7 @@ def test_install_cell_leaves_torch_and_triton_alone(monkeypatch, tmp_path):
 
 
 def test_pyproject_does_not_depend_on_torch_or_triton():
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not [d for d in deps if d.split()[0].lower().startswith(("torch", "triton", "nvidia"))], deps
 
