@@ -32,10 +32,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from matplotlib.figure import Figure
 
 from . import device
-from . import viz  # noqa: F401  (lets a notebook display the returned Figure)
 from .reference import attention_naive_torch
 
 PROVIDERS = ("naive", "sdpa", "flashlab")
@@ -144,9 +142,29 @@ def _measure(fn, q, k, v, do, causal, backward: bool, point: Point) -> None:
         del out
 
 
+class _Steps:
+    """The few tqdm methods :func:`run` uses, printing one line per step (when tqdm is missing)."""
+
+    def __init__(self, total, desc="", disable=False, leave=True):
+        self.n, self.total, self.disable = 0, total, disable
+
+    def set_description(self, desc):
+        if not self.disable:
+            print(f"[{self.n + 1}/{self.total}] {desc}", flush=True)
+
+    def update(self, k=1):
+        self.n += k
+
+    def close(self):
+        pass
+
+
 def run(settings: Settings | None = None, providers=PROVIDERS, progress: bool = True) -> list:
     """Run the sweep; returns a list of :class:`Point` (one per provider and size tried)."""
-    from tqdm.auto import tqdm
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # a bare GPU machine: a line per step instead of a bar
+        tqdm = _Steps
 
     s = settings or default_settings()
     dev = device.DEVICE
@@ -224,9 +242,13 @@ def _n_label(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
-def figure(points, title: str | None = None) -> Figure:
+def figure(points, title: str | None = None):
     """Forward and backward time against N and, on a GPU, peak memory (forward + backward); an x
     marks where a provider ran out of memory.  On the CPU only the time panel, labelled as such."""
+    from matplotlib.figure import Figure
+
+    from . import viz  # the course's plot helpers; importing it lets a notebook display the Figure
+
     gpu = any(p.device.startswith("cuda") for p in points)
     fig = Figure(figsize=(11, 4.2) if gpu else (7, 4.2))
     axes = fig.subplots(1, 2) if gpu else [fig.add_subplot()]
@@ -274,7 +296,7 @@ def figure(points, title: str | None = None) -> Figure:
     return fig
 
 
-def show(settings: Settings | None = None, providers=PROVIDERS) -> Figure:
+def show(settings: Settings | None = None, providers=PROVIDERS):
     """Run the demo and return its figure: the last line of a notebook cell shows it."""
     points = run(settings, providers)
     print(format_table(points))
@@ -304,13 +326,15 @@ def main(args) -> int:
               "its times measure the interpreter, not a GPU, and memory is not measured.")
     points = run(s, providers=args.providers, progress=not args.quiet)
     print(format_table(points))
-    fig = figure(points)
-    fig.savefig(args.out, dpi=120, bbox_inches="tight")
-    print(f"figure: {args.out}")
     if args.json:
         import json
         with open(args.json, "w") as f:
             json.dump(as_dicts(points), f, indent=1)
+    try:
+        figure(points).savefig(args.out, dpi=120, bbox_inches="tight")
+        print(f"figure: {args.out}")
+    except ImportError as e:
+        print(f"no figure ({e}); the table above has the numbers")
     return 0
 
 

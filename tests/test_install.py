@@ -51,8 +51,10 @@ def test_install_cell_leaves_torch_and_triton_alone(monkeypatch, tmp_path):
     r = subprocess.run([str(py), "-c", "import torch, triton"], capture_output=True, text=True)
     assert r.returncode == 0, "the venv should see this environment's torch and triton: " + r.stderr
     report = tmp_path / "report.json"
+    # Offline (--no-index, --no-build-isolation): pip may only use what is installed, so a requirement
+    # that would replace torch or triton fails here just as it would plan a reinstall online.
     args = ([sys.executable, "-m", "pip", "--python", str(py)] + cmd[3:-1]
-            + ["--dry-run", "--report", str(report), str(ROOT)])
+            + ["--no-index", "--no-build-isolation", "--dry-run", "--report", str(report), str(ROOT)])
     r = subprocess.run(args, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     would_install = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
