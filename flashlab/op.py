@@ -11,8 +11,10 @@ operator.  So a model calling ``flashlab.flash_attention`` compiles with
 ``torch.compile(model, fullgraph=True)``, forward and backward, without a graph break: the
 compiler traces around the Triton kernels instead of into them.
 
-Outputs are always contiguous (the fake implementations promise it).  ``lse`` is not
-differentiable: a gradient flowing into it is ignored, as before.
+``flash_attention`` calls them only while compiling (``torch.compiler.is_compiling()``); in eager
+mode it runs the same host code through a plain ``autograd.Function``, which costs less per call
+than the operator dispatch.  Outputs are always contiguous (the fake implementations promise it).
+``lse`` is not differentiable: a gradient flowing into it is ignored.
 """
 from __future__ import annotations
 

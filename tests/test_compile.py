@@ -68,6 +68,8 @@ def test_compiled_dynamic_shapes(rng):
         q, k, v = (_rand(1, 2, n, 16) for _ in range(3))
         torch.testing.assert_close(f(q, k, v), flashlab.flash_attention(q, k, v, causal=True))
     assert len(calls) == 1, f"recompiled for a new sequence length: {len(calls)} graphs"
+    ops = [str(n.target) for n in calls[0].graph.nodes if n.op == "call_function"]
+    assert any("flashlab.attention_forward" in t for t in ops), ops   # the custom op, not a traced launcher
 
 
 class TinyAttention(torch.nn.Module):
