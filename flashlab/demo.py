@@ -110,6 +110,12 @@ def _time_ms(fn, grad_to_none=None) -> float:
     return statistics.median([once() for _ in range(5 if first < 200 else 1)])
 
 
+def _is_oom(e: Exception) -> bool:
+    """PyTorch's allocator raises OutOfMemoryError; cuBLAS failing to get its workspace says ALLOC_FAILED."""
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and ("out of memory" in str(e) or "ALLOC_FAILED" in str(e)))
+
+
 def _free():
     gc.collect()
     if device.DEVICE.type == "cuda":
@@ -212,11 +218,12 @@ def run(settings: Settings | None = None, providers=PROVIDERS, progress: bool = 
                             continue
                     _measure(fns[name], q, k, v, do, s.causal, s.backward, p)
                     slowest = max(slowest, p.fwd_ms, p.bwd_ms if s.backward else 0.0)
-                except torch.cuda.OutOfMemoryError:
-                    p.status, stopped[name] = OOM, N
-                    p.fwd_ms = p.bwd_ms = p.peak_mib = math.nan
-                except Exception as e:  # noqa: BLE001  (a backend that cannot do this shape: say so, go on)
-                    p.status, stopped[name] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}", N
+                except Exception as e:  # noqa: BLE001  (out of memory, or a backend that cannot do this: go on)
+                    if _is_oom(e):
+                        p.status, stopped[name] = OOM, N
+                        p.fwd_ms = p.bwd_ms = p.peak_mib = math.nan
+                    else:
+                        p.status, stopped[name] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:100]}", N
                 finally:
                     _free()
                     bar.update(1)

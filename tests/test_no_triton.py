@@ -119,21 +119,33 @@ def test_flashlab_imports_grades_numpy_and_explains_the_rest(no_triton_env):
         assert "needs Triton" in msg and "Colab" in msg, msg
 
 
+NOTEBOOKS = sorted(ROOT.glob("notebooks/0[0-3]_*.ipynb")) + sorted(ROOT.glob("solutions/0[0-3]_*.ipynb"))
+
+
 @pytest.mark.notebook
-def test_notebook_00_runs_and_its_triton_cells_explain(no_triton_env, tmp_path):
-    """Notebook 00 runs top to bottom; its Triton cells print what is missing instead of failing."""
-    out = tmp_path / "executed.ipynb"
-    r = _python(no_triton_env, """
+def test_notebooks_00_to_03_run_and_solutions_pass(no_triton_env, tmp_path):
+    """Notebooks 00-03 and the solutions to their exercises run top to bottom without Triton, the
+    exercises pass, and notebook 00's Triton cells print what is missing instead of failing."""
+    log = tmp_path / "grades.jsonl"
+    env = dict(no_triton_env, FLASHLAB_GRADE_LOG=str(log))
+    r = _python(env, """
         import sys, nbformat
+        from pathlib import Path
         from nbclient import NotebookClient
-        nb = nbformat.read(sys.argv[1], as_version=4)
-        NotebookClient(nb, timeout=300, kernel_name="python3",
-                       resources={"metadata": {"path": "notebooks"}}).execute()
-        nbformat.write(nb, sys.argv[2])
-    """, str(ROOT / "notebooks" / "00_setup.ipynb"), str(out))
+        out = Path(sys.argv[1])
+        for path in map(Path, sys.argv[2:]):
+            nb = nbformat.read(path, as_version=4)
+            NotebookClient(nb, timeout=300, kernel_name="python3",
+                           resources={"metadata": {"path": str(path.parent)}}).execute()
+            nbformat.write(nb, out / f"{path.parent.name}-{path.name}")
+    """, str(tmp_path), *map(str, NOTEBOOKS), timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert len(NOTEBOOKS) >= 7
+    grades = [json.loads(line) for line in log.read_text().splitlines()]
+    assert grades and all(g["status"] == "pass" for g in grades), grades
+
     import nbformat
-    nb = nbformat.read(out, as_version=4)
+    nb = nbformat.read(tmp_path / "notebooks-00_setup.ipynb", as_version=4)
     texts = {}
     for cell in nb.cells:
         if cell.cell_type == "code":
