@@ -4,7 +4,9 @@ requirements.txt leaves triton out there (checked by evaluating its markers for 
 The rest runs here in child processes where Triton cannot be imported: a ``sitecustomize`` on
 PYTHONPATH sets ``sys.modules["triton"] = None``, so ``import triton`` raises ModuleNotFoundError and
 ``importlib.util.find_spec("triton")`` is None, as on a machine without it; Jupyter kernels started
-from such a process inherit it.  (Not a real macOS install: the environment is this one, minus Triton.)
+from such a process inherit it.  (Not a real macOS install: the environment is this one, minus Triton.
+.ci/run also runs this file in a fresh virtual environment installed from requirements.txt as macOS
+reads it, where Triton is really absent.)
 """
 import json
 import os
