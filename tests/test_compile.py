@@ -100,7 +100,11 @@ def test_compiled_model_inductor_forward_and_backward(rng):
     model.zero_grad()
 
     # One compile thread: a pool of compile workers costs more than it saves on a small CPU machine.
-    with torch._inductor.config.patch(compile_threads=1):
+    # No graph caches: they are keyed on the forward graph, so a cached backward would hide a change
+    # to flashlab/op.py's autograd formula (seen).  Compiled C++ is still reused, keyed on its source.
+    functorch_cfg = {"enable_autograd_cache": False} if hasattr(torch._functorch.config, "enable_autograd_cache") else {}
+    with torch._inductor.config.patch(compile_threads=1, fx_graph_cache=False), \
+            torch._functorch.config.patch(**functorch_cfg):
         yc = torch.compile(model, fullgraph=True)(x)
         yc.square().mean().backward()
     # Same kernels; only the compiled code around them (fusions, matmul choice) differs: fp32 rounding.
