@@ -1,4 +1,4 @@
-"""Command line: python -m flashlab {env,bench,grade,assign}."""
+"""Command line: python -m flashlab {env,bench,demo,grade,assign}."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,9 @@ def _env(args):
 
 def _bench(args):
     import torch
+
+    from . import device
+    device.require_triton("python -m flashlab bench")
 
     from . import bench
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -40,9 +43,13 @@ def main(argv=None) -> int:
     p = sub.add_parser("env", help="print the environment report (GPU or interpreter, versions)")
     p.set_defaults(func=_env)
 
-    from .bench import PROVIDERS
+    from . import device
+    if device.TRITON:
+        from .bench import PROVIDERS
+    else:  # bench imports the kernels: without Triton, `bench` says what is missing
+        PROVIDERS = ()
     p = sub.add_parser("bench", help="time flashlab against SDPA's backends (needs a GPU)")
-    p.add_argument("--providers", nargs="+", default=list(PROVIDERS[:5]), choices=PROVIDERS)
+    p.add_argument("--providers", nargs="+", default=list(PROVIDERS[:5]), choices=PROVIDERS or None)
     p.add_argument("--seqlens", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192, 16384])
     p.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
     p.add_argument("--dtypes", nargs="+", default=["fp16"], choices=["fp16", "bf16", "fp32"])
@@ -51,11 +58,18 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the rows to this JSON file")
     p.set_defaults(func=_bench)
 
+    from . import demo
+    demo.add_command(sub)
+
     from .grader import cli as grader_cli
     grader_cli.add_commands(sub)
 
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except device.TritonMissing as e:   # a laptop without Triton: say so, no traceback
+        print(e, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

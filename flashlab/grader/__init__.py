@@ -31,6 +31,9 @@ def grade(name: str, candidate, *, seed: int | None = None) -> Result:
         raise ValueError(f"unknown exercise {name!r}; the exercises are: {', '.join(EXERCISES)}")
     if not callable(candidate):
         raise TypeError(f"grade({name!r}, candidate): candidate must be a function, got {type(candidate).__name__}")
+    if name in ("flash_forward", "flash_backward"):
+        from .. import device
+        device.require_triton(f"The {name} exercise")
     result = _grade(EXERCISES[name], candidate, seed=seed)
     log_result(result)  # batch grading collects results this way; a no-op otherwise
     return result

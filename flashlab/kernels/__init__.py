@@ -28,9 +28,11 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from .. import device
+from .. import device  # first: settles TRITON_INTERPRET before the kernels are defined
+
+device.require_triton("flashlab.kernels")  # a clear message (and Colab) instead of "No module named 'triton'"
+import triton  # noqa: E402
 from .backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess
 from .backward_v2 import flash_bwd_dkdv_kernel_v2, flash_bwd_dq_kernel_v2
 from .common import LOG2E
