@@ -1,194 +1,929 @@
-"""Grade a class: run each submitted exercise notebook in its own process, collect a table.
+"""Grade a class: every submitted notebook runs isolated; the verdicts are the grader's own.
 
     python -m flashlab grade submissions/ --out grades/
 
-Each notebook is copied to a scratch folder (the submission is never modified)
-and executed top to bottom by nbclient in a child process with a time limit.
-Every ``grade(...)`` call inside it appends one JSON line to the file named by
-``$FLASHLAB_GRADE_LOG``; the table is built from those lines.  A notebook that
-hangs, kills its kernel or is not a notebook at all gets a row saying so, and
-the others are still graded.
+How it works (the rules an instructor can rely on):
+
+* This process never runs student code.  For each notebook it starts a sandbox
+  (:mod:`flashlab.grader.isolation`) that executes the notebook with nbclient.
+  When the notebook calls ``grade("name", fn)``, that call connects to this
+  process (:mod:`flashlab.grader.protocol`), which draws the exercise's cases
+  with a fresh random seed, sends each case's inputs, receives ``fn``'s outputs
+  as plain arrays, and compares them with its own reference.  The verdict is
+  computed here and never sent back; whatever the notebook prints, logs or
+  patches inside its own process does not reach it, and a seed it passes is
+  ignored.
+* An exercise a notebook grades more than once: the last call counts.  An
+  exercise it never grades: "missing".  A student with several notebooks grading
+  the same exercise: the worst verdict counts, and the summary says so.
+* A student is the first folder under the class folder (``class/alice/...``), or
+  for a notebook directly in it, the file name without ``.ipynb``; or what the
+  instructor's ``--student-pattern`` (a regular expression with a group
+  ``student``) captures from the relative path.
+* Inputs: regular files ending in ``.ipynb`` (any case) only; symbolic links,
+  FIFOs and other special files are listed as skipped and never opened.
+* Outputs (in ``--out``): ``results.jsonl`` gets one line per notebook as soon
+  as it is graded (flushed and synced), ``grades.csv`` and ``summary.txt`` are
+  rewritten atomically after each notebook.  No symbolic link is followed there.
+  ``--resume`` keeps the lines of notebooks whose content hash has not changed.
+  SIGINT and SIGTERM stop the running sandboxes, write the tables and exit.
 """
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
 
-LOG_ENV = "FLASHLAB_GRADE_LOG"
+from . import isolation as iso
+from . import protocol as P
+
+RESULTS, CSV_NAME, SUMMARY = "results.jsonl", "grades.csv", "summary.txt"
+MAX_NOTEBOOK = 32 << 20          # bytes
+MAX_CALLS = 64                   # grade() calls served per notebook
+MAX_EVENTS = 500                 # connections accepted per notebook
+RUN_ORDER = ["ok", "cell errors", "timed out", "crashed", "rejected"]      # better -> worse
+VERDICT_ORDER = ["pass", "not implemented", "missing", "fail", "error"]    # better -> worse
+SHORT = {"pass": "pass", "fail": "FAIL", "not implemented": "todo", "error": "ERR", "missing": "-"}
 
 
-def log_result(result) -> None:
-    """Called by grade(): record the result when running under batch grading."""
-    path = os.environ.get(LOG_ENV)
-    if not path:
-        return
-    status = ("not implemented" if result.not_implemented else "pass" if result.passed else
-              "error" if any(c.status in ("error", "crash", "timeout") for c in result.cases) else "fail")
-    line = {"exercise": result.name, "status": status,
-            "cases_passed": sum(c.passed for c in result.cases), "cases": len(result.cases)}
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+# ----------------------------------------------------------------------------
+# finding submissions
+# ----------------------------------------------------------------------------
+
+@dataclass
+class Submission:
+    student: str
+    notebook: str                # path relative to the class folder's parent (any bytes: surrogate-escaped)
+    path: str
 
 
 @dataclass
-class Row:
-    student: str
+class Skipped:
     path: str
-    status: str = "ok"                 # ok, timed out, kernel died, not a notebook, error
-    detail: str = ""
-    grades: dict = field(default_factory=dict)
-    seconds: float = 0.0
+    reason: str
 
 
-def find_notebooks(paths) -> list:
-    found = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found += sorted(x for x in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in x.parts)
+def _is_notebook_name(name: str) -> bool:
+    return name.lower().endswith(".ipynb") and len(name) > len(".ipynb")
+
+
+def _stem(name: str) -> str:
+    return name[:-len(".ipynb")]
+
+
+def discover(paths, student_pattern: str | None = None):
+    """(submissions, skipped) under ``paths`` (folders or notebook files).  Never follows a link."""
+    pattern = re.compile(student_pattern) if student_pattern else None
+    subs, skipped = [], []
+
+    def student_of(rel: str, default: str):
+        if pattern is None:
+            return default
+        m = pattern.search(rel)
+        if not m:
+            return None
+        if "student" in pattern.groupindex:
+            return m.group("student")
+        return m.group(1) if pattern.groups else m.group(0)
+
+    def add(path, rel, default):
+        who = student_of(rel, default)
+        if not who:
+            skipped.append(Skipped(rel, "no student name (does not match --student-pattern)"))
         else:
-            found.append(p)
-    return found
+            subs.append(Submission(who, rel, path))
 
-
-def _student_name(path: Path, roots) -> str:
-    for root in map(Path, roots):
-        if root.is_dir():
-            try:
-                return str(path.relative_to(root).with_suffix(""))
-            except ValueError:
-                continue
-    return path.stem
-
-
-def grade_one(path: Path, timeout: float) -> Row:
-    row = Row(path.stem, str(path))
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="flashlab-grade-") as tmp:
-        copy = Path(tmp) / path.name
+    def walk(root: str, top: str, depth: int):
         try:
-            shutil.copyfile(path, copy)
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
         except OSError as e:
-            row.status, row.detail = "unreadable", str(e)
-            return row
-        log = Path(tmp) / "grades.jsonl"
-        env = dict(os.environ, **{LOG_ENV: str(log)})
-        cmd = [sys.executable, "-m", "flashlab.grader.batch", str(copy), str(timeout)]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, text=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout + 30)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            code = None
-        if code is None:
-            row.status, row.detail = "timed out", f"still running after {timeout:.0f} s"
-        elif code == 3:
-            row.status, row.detail = "not a notebook", _last_line(out)
-        elif code == 4:
-            row.status, row.detail = "timed out", _last_line(out)
-        elif code == 5:
-            row.status, row.detail = "kernel died", _last_line(out)
-        elif code != 0:
-            row.status, row.detail = "error", _last_line(out)
-        if log.exists():
-            for line in log.read_text().splitlines():
-                try:
-                    g = json.loads(line)
-                except json.JSONDecodeError:
+            skipped.append(Skipped(os.path.relpath(root, top), f"cannot list: {e.strerror}"))
+            return
+        for e in entries:
+            rel = os.path.relpath(e.path, top)
+            if e.is_symlink():
+                skipped.append(Skipped(rel, "symbolic link, not followed"))
+            elif e.is_dir(follow_symlinks=False):
+                if e.name == ".ipynb_checkpoints":
                     continue
-                row.grades[g["exercise"]] = g  # the last grade() call of an exercise counts
-    row.seconds = time.monotonic() - start
-    return row
+                if depth >= 8:
+                    skipped.append(Skipped(rel, "folder nested too deeply"))
+                else:
+                    walk(e.path, top, depth + 1)
+            elif e.is_file(follow_symlinks=False):
+                if _is_notebook_name(e.name):
+                    parts = os.path.relpath(e.path, root_of[top]).split(os.sep)
+                    add(e.path, rel, parts[0] if len(parts) > 1 else _stem(parts[0]))
+                else:
+                    skipped.append(Skipped(rel, "not a notebook (.ipynb) file"))
+            else:
+                skipped.append(Skipped(rel, "not a regular file (FIFO, socket or device), not opened"))
+
+    root_of = {}
+    for arg in paths:
+        arg = os.fsdecode(arg) if isinstance(arg, bytes) else str(arg)
+        try:
+            st = os.lstat(arg)
+        except OSError as e:
+            skipped.append(Skipped(arg, f"cannot read: {e.strerror}"))
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            skipped.append(Skipped(arg, "symbolic link, not followed"))
+        elif stat.S_ISDIR(st.st_mode):
+            top = os.path.dirname(os.path.abspath(arg))
+            root_of[top] = os.path.abspath(arg)
+            walk(os.path.abspath(arg), top, 0)
+        elif stat.S_ISREG(st.st_mode) and _is_notebook_name(os.path.basename(arg)):
+            add(arg, os.path.basename(arg), _stem(os.path.basename(arg)))
+        elif stat.S_ISREG(st.st_mode):
+            skipped.append(Skipped(arg, "not a notebook (.ipynb) file"))
+        else:
+            skipped.append(Skipped(arg, "not a regular file (FIFO, socket or device), not opened"))
+    return subs, skipped
+
+
+def read_submission(path: str) -> bytes:
+    """The file's bytes; refuses links, special files and files over the size limit (no blocking on a FIFO)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_NOTEBOOK:
+            raise ValueError(f"{st.st_size} bytes, over the {MAX_NOTEBOOK >> 20} MiB limit")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_NOTEBOOK + 1)
+        if len(data) > MAX_NOTEBOOK:
+            raise ValueError(f"over the {MAX_NOTEBOOK >> 20} MiB limit")
+        return data
+    finally:
+        os.close(fd)
+
+
+def check_notebook(data: bytes) -> str:
+    """'' if ``data`` is a notebook nbformat can run, else why not (never quoting the file)."""
+    import nbformat
+    try:
+        text = data.decode("utf-8")
+        nb = nbformat.reads(text, as_version=4)
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except RecursionError:
+        return "JSON nested too deeply"
+    except Exception as e:
+        return f"not a notebook ({type(e).__name__})"
+    if not isinstance(nb.get("cells"), list):
+        return "not a notebook (no cells)"
+    return ""
+
+
+# ----------------------------------------------------------------------------
+# safe text: names with any bytes, CSV cells that are not formulas
+# ----------------------------------------------------------------------------
+
+def show(s) -> str:
+    """One printable line: undecodable bytes as \\xNN, control and invisible characters escaped."""
+    out = []
+    for ch in str(s):
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape", "backslashreplace").decode("ascii"))
+    return "".join(out)
+
+
+def csv_cell(value) -> str:
+    s = show(value)
+    return "'" + s if s[:1] in ("=", "+", "-", "@", "\t", "\r", "|", "%") else s
+
+
+# ----------------------------------------------------------------------------
+# the output folder: no links followed, atomic replacement
+# ----------------------------------------------------------------------------
+
+class OutDir:
+    def __init__(self, path):
+        path = os.path.abspath(os.fsdecode(path) if isinstance(path, bytes) else str(path))
+        if os.path.islink(path):
+            raise ValueError(f"the output folder {show(path)} is a symbolic link: refusing to follow it")
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        self._append = None
+
+    def replace(self, name: str, text: str) -> None:
+        tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=self.fd)
+            except OSError:
+                pass
+            raise
+
+    def read(self, name: str) -> str:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.fd)
+        except FileNotFoundError:
+            return ""
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError(f"{name} in the output folder is not a regular file")
+            return f.read().decode("utf-8", "replace")
+
+    def open_append(self, name: str, fresh: bool) -> None:
+        if fresh:
+            self.replace(name, "")
+        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"{name} in the output folder is not a regular file")
+        self._append = fd
+
+    def append_line(self, line: str) -> None:
+        data = (line.rstrip("\n") + "\n").encode("ascii")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._append, view):]
+        os.fsync(self._append)
+
+    def close(self) -> None:
+        for fd in (self._append, self.fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._append = None
+
+
+# ----------------------------------------------------------------------------
+# grading one notebook
+# ----------------------------------------------------------------------------
+
+class Interrupted(Exception):
+    pass
+
+
+@dataclass
+class Config:
+    timeout: float = 600.0
+    isolation: str = "auto"
+    jobs: int = 1
+    exercises: list | None = None          # only these exercises count (default: all)
+    limits: iso.Limits = field(default_factory=iso.Limits)
+
+
+def verdict_of(result) -> dict:
+    if result.not_implemented:
+        status = "not implemented"
+    elif result.passed:
+        status = "pass"
+    elif any(c.status in ("error", "crash", "timeout") for c in result.cases):
+        status = "error"
+    else:
+        status = "fail"
+    v = {"status": status, "cases_passed": sum(c.passed for c in result.cases), "cases": len(result.cases)}
+    first = result.first_failure()
+    if first is not None and status != "not implemented":
+        v["message"] = f"{first.label}: {first.message}"[:300]
+    return v
+
+
+class _Run:
+    """The state of one notebook's run, filled by the connections it makes."""
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.grades, self.calls, self.cell_errors, self.notes = {}, {}, [], []
+        self.finished = None           # the runner's own account: (status, detail)
+        self.connections = 0
+
+
+class Grader:
+    def __init__(self, cfg: Config):
+        from ..grader.exercises import EXERCISES
+        import flashlab
+        self.cfg = cfg
+        self.exercises = EXERCISES
+        self.mode = iso.choose(cfg.isolation)
+        self.pkg = os.path.dirname(os.path.realpath(flashlab.__file__))
+        self.python = os.path.realpath(sys.executable)
+        self.work = tempfile.mkdtemp(prefix="flashlab-grade-")
+        os.chmod(self.work, 0o700)
+        self.live = {}                 # pid -> Popen
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    # -- the sandbox ----------------------------------------------------------
+    def _env(self, home, ctl, slot):
+        base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                "HOME": home, "USER": "student", "LOGNAME": "student", "TMPDIR": "/tmp" if self.mode == "sandbox"
+                else home, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+                "JUPYTER_PATH": os.path.join(ctl, "jupyter"), "JUPYTER_CONFIG_DIR": os.path.join(home, ".jupyter"),
+                "JUPYTER_DATA_DIR": os.path.join(home, ".jupyter", "data"),
+                "JUPYTER_RUNTIME_DIR": os.path.join(home, ".jupyter", "runtime"),
+                "IPYTHONDIR": os.path.join(home, ".ipython"), "MPLCONFIGDIR": os.path.join(home, ".matplotlib"),
+                "TRITON_CACHE_DIR": os.path.join(home, ".triton"),
+                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, self.cfg.jobs))),
+                "PYTHONPATH": iso.PKG if self.mode == "sandbox" else os.path.dirname(self.pkg),
+                P.SOCKET_ENV: os.path.join(ctl, "grader.sock")}
+        for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
+            if k in os.environ:
+                base[k] = os.environ[k]
+        return base
+
+    def _prepare(self, slot, notebook_bytes, argv_tail):
+        """A private folder with the control files; returns (folder, command, listener socket, log fd)."""
+        import socket
+        d = tempfile.mkdtemp(dir=self.work)
+        ctl = os.path.join(d, "ctl")
+        kdir = os.path.join(ctl, "jupyter", "kernels", iso.KERNEL_NAME)
+        os.makedirs(kdir)
+        for p in (ctl, os.path.join(ctl, "jupyter"), os.path.join(ctl, "jupyter", "kernels"), kdir):
+            os.chmod(p, 0o755)
+        if notebook_bytes is not None:
+            with open(os.path.join(ctl, "submission.ipynb"), "wb") as f:
+                f.write(notebook_bytes)
+            os.chmod(os.path.join(ctl, "submission.ipynb"), 0o644)
+        with open(os.path.join(kdir, "kernel.json"), "w") as f:
+            json.dump({"argv": [self.python, "-s", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                       "display_name": "flashlab batch grading", "language": "python"}, f)
+        os.chmod(os.path.join(kdir, "kernel.json"), 0o644)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(os.path.join(ctl, "grader.sock"))
+        os.chmod(os.path.join(ctl, "grader.sock"), 0o666)
+        listener.listen(16)
+        log = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        if self.mode == "sandbox":
+            home, ctl_in = iso.HOME, iso.CTL
+            runner = [self.python, "-s", f"{iso.PKG}/flashlab/grader/runner.py"]
+        else:
+            home, ctl_in = os.path.join(d, "home"), ctl
+            os.makedirs(home)
+            runner = [self.python, "-s", os.path.join(self.pkg, "grader", "runner.py")]
+        argv = runner + [a.replace("{ctl}", ctl_in) for a in argv_tail]
+        env = self._env(home, ctl_in, slot)
+        if self.mode == "sandbox":
+            uid = iso.uid_for(slot)
+            root = os.path.join(d, "root")
+            os.makedirs(root)
+            plan = iso.Plan(root=root, ctl=ctl, pkg=self.pkg, python=self.python, trees=iso.python_trees(),
+                            argv=argv, env=env, uid=uid, gid=uid, limits=asdict(self.cfg.limits),
+                            devices=iso.gpu_devices())
+            with open(os.path.join(d, "plan.json"), "w") as f:
+                json.dump(asdict(plan), f)
+            cmd, cwd = iso.sandbox_command(os.path.join(d, "plan.json")), d
+        else:
+            cmd, cwd = iso.weak_command(argv, self.cfg.limits), home
+            env = dict(env)
+        return d, cmd, cwd, env, listener, log
+
+    def _spawn(self, cmd, cwd, env, log):
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env if self.mode == "weak" else {"PATH": "/usr/bin:/bin"},
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
+                                start_new_session=True)
+        with self.lock:
+            self.live[proc.pid] = proc
+        return proc
+
+    def _kill(self, proc):
+        """Kill the whole submission: its session here; in a sandbox, its PID namespace with it."""
+        inner = _children(proc.pid)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:   # pragma: no cover
+            pass
+        end = time.monotonic() + 10
+        while inner and time.monotonic() < end:      # the namespace's init goes last
+            inner = [p for p in inner if os.path.exists(f"/proc/{p}")]
+            if inner:
+                time.sleep(0.05)
+        with self.lock:
+            self.live.pop(proc.pid, None)
+
+    def kill_all(self):
+        with self.lock:
+            procs = list(self.live.values())
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def selftest(self):
+        """Start one sandbox before grading anything: if it cannot run Python as an unprivileged user,
+        or can write to flashlab or reach the network, stop here with the reason."""
+        d, cmd, cwd, env, listener, log = self._prepare(0, None, ["--selftest"])
+        listener.close()
+        try:
+            proc = self._spawn(cmd, cwd, env, log)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+            self._kill(proc)
+            text = _tail(os.path.join(d, "log"), 6000)
+        finally:
+            os.close(log)
+            shutil.rmtree(d, ignore_errors=True)
+        m = re.search(r"^SELFTEST (\{.*\})$", text, re.M)
+        if not m:
+            raise iso.IsolationError("the sandbox could not run Python and flashlab as an unprivileged user; "
+                                     "its last output:\n  " + "\n  ".join(text.strip().splitlines()[-8:]))
+        facts = json.loads(m.group(1))
+        problems = []
+        if self.mode == "sandbox" and facts.get("uid") == 0:
+            problems.append("it ran as root")
+        if self.mode == "sandbox" and facts.get("flashlab_writable"):
+            problems.append("it could write to flashlab")
+        if self.mode == "sandbox" and facts.get("network"):
+            problems.append("it could reach the network")
+        if problems:
+            raise iso.IsolationError("the sandbox is not isolated: " + ", ".join(problems))
+        return facts
+
+    # -- one notebook ------------------------------------------------------------
+    def grade(self, sub: Submission, slot: int) -> dict:
+        """Grade one notebook; a failure of the grader itself on it is reported in its row, never raised."""
+        try:
+            return self._grade(sub, slot)
+        except Interrupted:
+            raise
+        except Exception as e:
+            if self.stopping:
+                raise Interrupted() from None
+            return {"student": sub.student, "notebook": sub.notebook, "sha256": "", "status": "crashed",
+                    "detail": f"the grader failed on this notebook: {type(e).__name__}: {show(e)[:200]}",
+                    "grades": {}, "notes": [], "seconds": 0.0}
+
+    def _grade(self, sub: Submission, slot: int) -> dict:
+        rec = {"student": sub.student, "notebook": sub.notebook, "sha256": "", "status": "ok", "detail": "",
+               "grades": {}, "notes": [], "seconds": 0.0}
+        start = time.monotonic()
+        try:
+            data = read_submission(sub.path)
+        except (OSError, ValueError) as e:
+            rec.update(status="rejected", detail=f"cannot read: {getattr(e, 'strerror', None) or e}")
+            return rec
+        rec["sha256"] = hashlib.sha256(data).hexdigest()
+        why = check_notebook(data)
+        if why:
+            rec.update(status="rejected", detail=why)
+            return rec
+        d, cmd, cwd, env, listener, log = self._prepare(
+            slot, data, ["{ctl}/submission.ipynb", str(self.cfg.timeout), iso.KERNEL_NAME])
+        run = _Run(start + self.cfg.timeout)
+        proc = None
+        try:
+            proc = self._spawn(cmd, cwd, env, log)
+            timed_out = self._serve(proc, listener, run)
+            code = proc.poll()
+            self._kill(proc)
+            self._drain(listener, run)
+        finally:
+            if proc is not None and proc.poll() is None:
+                self._kill(proc)
+            listener.close()
+            os.close(log)
+            log_tail = _tail(os.path.join(d, "log"), 2000)
+            shutil.rmtree(d, ignore_errors=True)
+        if self.stopping:
+            raise Interrupted()
+        rec["grades"] = run.grades
+        rec["notes"] = run.notes[:20]
+        # the run's status: the clock is the grader's; the rest is the sandbox's own account (advisory)
+        told = run.finished[1] if run.finished else ""
+        if timed_out:
+            rec["status"] = "timed out"
+            rec["detail"] = f"still running after {self.cfg.timeout:.0f} s"
+        elif code == 4:
+            rec["status"], rec["detail"] = "timed out", told or "a cell ran too long"
+        elif code != 0:
+            rec["status"] = "crashed"
+            why = {120: "the sandbox could not be built", 121: "the runner could not start"}.get(code)
+            if code is not None and code > 128:
+                why = why or f"killed by {_signame(code - 128)}"
+            rec["detail"] = why or told or (f"the notebook's runner ended with status {code}: "
+                                            + (_last_line(log_tail) or "no output"))
+        if run.cell_errors:
+            first = run.cell_errors[0]
+            more = f" (+{len(run.cell_errors) - 1} more)" if len(run.cell_errors) > 1 else ""
+            text = f"cell {first[0]}: {first[1]}{more}"
+            if rec["status"] == "ok":
+                rec["status"], rec["detail"] = "cell errors", text
+            else:
+                rec["detail"] += f"; {text}"
+        rec["seconds"] = round(time.monotonic() - start, 1)
+        return rec
+
+    def _serve(self, proc, listener, run) -> bool:
+        """Answer the sandbox's connections until it exits; True if it ran out of time."""
+        import select
+        while True:
+            left = run.deadline - time.monotonic()
+            if self.stopping:
+                return False
+            if left <= 0:
+                return True
+            ready, _, _ = select.select([listener], [], [], min(0.2, left))
+            if ready:
+                conn, _ = listener.accept()
+                with conn:
+                    self._handle(conn, run, serve=True)
+            if proc.poll() is not None:
+                return False
+
+    def _drain(self, listener, run):
+        """After the sandbox is gone: read the reports still waiting (no grading any more)."""
+        listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, OSError):
+                return
+            with conn:
+                self._handle(conn, run, serve=False)
+
+    def _handle(self, conn, run, serve: bool):
+        run.connections += 1
+        if run.connections > MAX_EVENTS:
+            if run.connections == MAX_EVENTS + 1:
+                run.notes.append(f"more than {MAX_EVENTS} connections: the rest were ignored")
+            return
+        try:
+            header, arrays = P.recv(conn, min(run.deadline, time.monotonic() + 10), max_total=1 << 20)
+        except P.ProtocolError as e:
+            _note(run, f"a connection broke the protocol ({e})")
+            return
+        op = header.get("op")
+        if op == "event":
+            kind = header.get("kind")
+            if kind == "cell_error" and len(run.cell_errors) < 50:
+                cell = header.get("cell")
+                run.cell_errors.append((cell if type(cell) is int else "?", show(header.get("error", ""))[:300]))
+            elif kind == "finished" and run.finished is None:
+                status = header.get("status")
+                if status in ("ok", "timed out", "crashed"):
+                    run.finished = (status, show(header.get("detail", ""))[:300])
+        elif op == "grade" and serve:
+            self._grade_exercise(conn, header, run)
+        elif op == "grade":
+            _note(run, "a grade() call came after the notebook stopped: not graded")
+        else:
+            _note(run, f"unknown request {show(op)[:40]!r}")
+
+    def _grade_exercise(self, conn, header, run):
+        from . import core
+        from .sandbox import Outcome
+        name = header.get("exercise")
+        total = sum(run.calls.values())
+        if not isinstance(name, str) or name not in self.exercises:
+            _note(run, f"grade() of an unknown exercise {show(name)[:60]!r}")
+            _send_quiet(conn, {"op": "error", "message": "unknown exercise"})
+            return
+        if total >= MAX_CALLS:
+            _note(run, f"more than {MAX_CALLS} grade() calls: the rest were not graded")
+            _send_quiet(conn, {"op": "error", "message": "too many grade() calls"})
+            return
+        if self.cfg.exercises and name not in self.cfg.exercises:
+            _note(run, f"grade({name!r}) is not part of this assignment: ignored")
+            _send_quiet(conn, {"op": "done", "note": "not part of this assignment"})
+            return
+        run.calls[name] = run.calls.get(name, 0) + 1
+        ex = self.exercises[name]
+        dead = []
+
+        def remote(kind, case):
+            if kind != "run":
+                return Outcome("ok", None)          # the heatmap probe: not needed for a verdict
+            if dead:
+                return Outcome("error", error=dead[0])
+            arrays = []
+            try:
+                inputs = P.pack(case.inputs, arrays)
+                P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
+                              "visible": case.visible, "large": case.large}, arrays,
+                       timeout=max(1.0, run.deadline - time.monotonic()))
+                reply, out_arrays = P.recv(conn, min(run.deadline, time.monotonic() + ex.timeout + 30))
+                status = reply.get("status")
+                if reply.get("op") != "outcome" or status not in ("ok", "error", "not implemented", "crash",
+                                                                   "timeout"):
+                    raise P.ProtocolError("not an outcome")
+                value = P.unpack(reply.get("value"), out_arrays)
+                if status == "ok" and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+                    raise P.ProtocolError("the outputs are not a dict of named arrays")
+                return Outcome(status, value if status == "ok" else None, show(reply.get("error", ""))[:4000])
+            except P.PeerTimeout:
+                dead.append("the notebook did not answer in time")
+                return Outcome("timeout", error=dead[0])
+            except (P.ProtocolError, OSError) as e:
+                dead.append(f"the answer could not be collected ({e})")
+                return Outcome("error", error=dead[0])
+
+        try:
+            verdict = verdict_of(core.grade(ex, None, seed=None, execute=remote))
+        except Exception as e:     # a hostile output that breaks the comparison is an error, never a pass
+            verdict = {"status": "error", "cases_passed": 0, "cases": 0,
+                       "message": f"the grader could not check the outputs ({type(e).__name__})"}
+        run.grades[name] = verdict           # the last call of an exercise counts
+        if not dead:
+            _send_quiet(conn, {"op": "done"})
+
+    def close(self):
+        self.kill_all()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _note(run, text):
+    if len(run.notes) < 50:
+        run.notes.append(text)
+
+
+def _send_quiet(conn, header):
+    try:
+        P.send(conn, header, timeout=5)
+    except (OSError, P.ProtocolError):
+        pass
+
+
+def _signame(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def _children(pid: int) -> list:
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _tail(path: str, n: int) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - n))
+        return f.read(n).decode("utf-8", "replace")
 
 
 def _last_line(text: str) -> str:
     lines = [l for l in (text or "").strip().splitlines() if l.strip()]
-    return lines[-1][:200] if lines else ""
+    return show(lines[-1])[:200] if lines else ""
 
 
-def _execute(path: str, timeout: float) -> int:
-    """Child process: run one notebook; exit 0 ok, 3 not a notebook, 4 timeout, 5 kernel died."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as e:
-        print(f"cannot read the notebook: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
-        return 3
-    client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": os.path.dirname(path)}})
-    try:
-        client.execute()
-    except CellTimeoutError:
-        print(f"a cell ran longer than {timeout:.0f} s")
-        return 4
-    except DeadKernelError as e:
-        print(f"the kernel died: {str(e).splitlines()[0][:150]}")
-        return 5
-    return 0
+# ----------------------------------------------------------------------------
+# the class table
+# ----------------------------------------------------------------------------
+
+@dataclass
+class StudentRow:
+    student: str
+    notebooks: list
+    status: str                     # the worst run status of the student's notebooks
+    grades: dict                    # exercise -> verdict dict ("status", ...)
+    detail: str = ""
+    notes: list = field(default_factory=list)
 
 
-def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = True):
-    from tqdm.auto import tqdm
-    notebooks = find_notebooks(paths)
+def student_rows(records: list, exercises=None) -> list:
+    by = {}
+    for r in records:
+        by.setdefault(r["student"], []).append(r)
     rows = []
-    for nb in tqdm(notebooks, desc="grading", unit="notebook", disable=not progress):
-        row = grade_one(nb, timeout)
-        row.student = _student_name(nb, paths)
-        rows.append(row)
-    write_table(rows, out_dir)
+    for student in sorted(by):
+        recs = sorted(by[student], key=lambda r: r["notebook"])
+        grades, where, notes = {}, {}, []
+        for r in recs:
+            for ex, v in r["grades"].items():
+                where.setdefault(ex, []).append((r["notebook"], v["status"]))
+                if ex not in grades or VERDICT_ORDER.index(v["status"]) > VERDICT_ORDER.index(grades[ex]["status"]):
+                    grades[ex] = v
+        for ex, places in where.items():
+            if len(places) > 1:
+                notes.append(f"{ex} graded in {len(places)} notebooks ("
+                             + ", ".join(f"{show(nb)}: {st}" for nb, st in places) + "); the worst counts")
+        status = max((r["status"] for r in recs), key=RUN_ORDER.index)
+        details = [f"{show(r['notebook'])}: {r['status']}" + (f" ({r['detail']})" if r["detail"] else "")
+                   for r in recs if r["status"] != "ok" or len(recs) > 1 and r["detail"]]
+        for r in recs:
+            notes += [f"{show(r['notebook'])}: {n}" for n in r.get("notes", [])]
+        rows.append(StudentRow(student, [r["notebook"] for r in recs], status, grades, "; ".join(details), notes))
     return rows
 
 
-def exercise_columns(rows) -> list:
+def exercise_columns(rows, exercises=None) -> list:
+    if exercises:
+        return list(exercises)
     cols = []
     for r in rows:
         for name in r.grades:
             if name not in cols:
                 cols.append(name)
-    return cols
+    return sorted(cols)
 
 
-def write_table(rows, out_dir) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cols = exercise_columns(rows)
-    with open(out / "grades.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["student", "notebook", "run"] + cols + ["passed", "detail"])
-        for r in rows:
-            w.writerow([r.student, r.path, r.status] + [r.grades.get(c, {}).get("status", "-") for c in cols]
-                       + [sum(g["status"] == "pass" for g in r.grades.values()), r.detail])
-    (out / "summary.txt").write_text(format_summary(rows))
+def _status(row, ex) -> str:
+    return row.grades.get(ex, {}).get("status", "missing")
 
 
-def format_summary(rows) -> str:
-    cols = exercise_columns(rows)
-    short = {"pass": "pass", "fail": "FAIL", "not implemented": "todo", "error": "ERR", "-": "-"}
-    w = max([len("student")] + [len(r.student) for r in rows])
-    widths = [max(len(c), 5) for c in cols]
-    lines = ["  ".join([f"{'student':<{w}}", f"{'run':<14}"] + [f"{c:<{cw}}" for c, cw in zip(cols, widths)])]
+def format_csv(rows, exercises=None) -> str:
+    cols = exercise_columns(rows, exercises)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["student", "notebooks", "run"] + cols + ["passed", "detail"])
     for r in rows:
-        cells = [f"{short.get(r.grades.get(c, {}).get('status', '-'), '?'):<{cw}}" for c, cw in zip(cols, widths)]
-        lines.append("  ".join([f"{r.student:<{w}}", f"{r.status:<14}"] + cells))
-    problems = [r for r in rows if r.status != "ok"]
-    if problems:
-        lines.append("")
-        lines += [f"{r.student}: {r.status} ({r.detail})" for r in problems]
+        w.writerow([csv_cell(r.student), csv_cell(" | ".join(show(n) for n in r.notebooks)), r.status]
+                   + [_status(r, c) for c in cols]
+                   + [f"{sum(_status(r, c) == 'pass' for c in cols)}/{len(cols)}", csv_cell(r.detail)])
+    return buf.getvalue()
+
+
+def format_summary(rows, skipped=(), exercises=None, header: str = "") -> str:
+    cols = exercise_columns(rows, exercises)
+    names = [show(r.student) for r in rows]
+    w = max([len("student")] + [len(n) for n in names])
+    widths = [max(len(c), 5) for c in cols]
+    lines = [header] if header else []
+    lines.append("  ".join([f"{'student':<{w}}", f"{'run':<12}"] + [f"{c:<{cw}}" for c, cw in zip(cols, widths)]
+                           + ["passed"]))
+    for r, n in zip(rows, names):
+        cells = [f"{SHORT.get(_status(r, c), '?'):<{cw}}" for c, cw in zip(cols, widths)]
+        passed = sum(_status(r, c) == "pass" for c in cols)
+        lines.append("  ".join([f"{n:<{w}}", f"{r.status:<12}"] + cells + [f"{passed}/{len(cols)}"]))
+
+    def section(title, items):
+        if items:
+            lines.append("")
+            lines.append(title)
+            lines.extend("  " + i for i in items)
+
+    full = [n for r, n in zip(rows, names) if cols and all(_status(r, c) == "pass" for c in cols)]
+    section(f"Passed everything ({len(full)}):", [", ".join(full)] if full else [])
+    failed = []
+    for r, n in zip(rows, names):
+        bad = [f"{c} {SHORT[_status(r, c)]}" + (f" ({show(r.grades[c].get('message', ''))})"
+                                                 if r.grades.get(c, {}).get("message") else "")
+               for c in cols if _status(r, c) in ("fail", "error")]
+        if bad:
+            failed.append(f"{n}: " + "; ".join(bad))
+    section("Failed:", failed)
+    for st, title in (("timed out", "Timed out:"), ("crashed", "Crashed:"), ("rejected", "Rejected:"),
+                      ("cell errors", "Errors in cells (the rest of the notebook still ran):")):
+        section(title, [f"{n}: {r.detail}" for r, n in zip(rows, names) if r.status == st
+                        or st == "cell errors" and "cell errors" in r.detail])
+    section("Notes:", [f"{n}: {show(x)}" for r, n in zip(rows, names) for x in r.notes])
+    section(f"Skipped files ({len(skipped)}):", [f"{show(s.path)}: {s.reason}" for s in skipped])
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    sys.exit(_execute(sys.argv[1], float(sys.argv[2])))
+# ----------------------------------------------------------------------------
+# the whole class
+# ----------------------------------------------------------------------------
+
+def _load_results(out: OutDir) -> dict:
+    done = {}
+    for line in out.read(RESULTS).splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue                        # a line cut short by a kill
+        if isinstance(r, dict) and {"student", "notebook", "sha256", "status", "grades"} <= set(r):
+            done[(r["notebook"], r["sha256"])] = r
+    return done
+
+
+def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = True, *,
+              isolation: str = "auto", jobs: int = 1, resume: bool = False, student_pattern=None,
+              exercises=None, limits: iso.Limits | None = None, log=None):
+    """Grade every notebook under ``paths``; returns the student rows (also written to ``out_dir``)."""
+    from tqdm.auto import tqdm
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cfg = Config(timeout=timeout, isolation=isolation, jobs=max(1, int(jobs)), exercises=exercises,
+                 limits=limits or iso.Limits())
+    subs, skipped = discover(paths, student_pattern)
+    out = OutDir(out_dir)
+    grader = Grader(cfg)
+    if grader.mode == "weak":
+        log("WARNING: weak isolation: student code runs as you, can read and change your files and use the "
+            "network, and a process it detaches can outlive the run. Grade untrusted notebooks as root "
+            "(sandbox) or in a container per submission.")
+    done = _load_results(out) if resume else {}
+    records, todo = [], []
+    for s in subs:
+        try:
+            key = (s.notebook, hashlib.sha256(read_submission(s.path)).hexdigest())
+        except (OSError, ValueError):
+            key = None
+        if key in done:
+            records.append(done[key])
+        else:
+            todo.append(s)
+    out.open_append(RESULTS, fresh=not resume)
+    header = (f"flashlab batch grading, {time.strftime('%Y-%m-%d %H:%M:%S')}; isolation: {grader.mode}; "
+              f"{len(subs)} notebooks ({len(subs) - len(todo)} kept from an earlier run), {len(skipped)} files skipped")
+    lock = threading.Lock()
+
+    def write_tables():
+        rows = student_rows(records, exercises)
+        out.replace(CSV_NAME, format_csv(rows, exercises))
+        out.replace(SUMMARY, format_summary(rows, skipped, exercises, header))
+        return rows
+
+    def finish(rec):
+        with lock:
+            out.append_line(json.dumps(rec, ensure_ascii=True))
+            records.append(rec)
+            write_tables()
+
+    previous = {}
+
+    def on_signal(signum, frame):
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)     # a second Ctrl-C must not cut the clean-up short
+        grader.stopping = True
+        grader.kill_all()
+        raise Interrupted()
+
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    bar = tqdm(total=len(todo), desc="grading", unit="notebook", disable=not progress, file=sys.stderr)
+    interrupted = False
+    try:
+        if todo:
+            grader.selftest()
+        if cfg.jobs == 1:
+            for s in todo:
+                finish(grader.grade(s, 0))
+                bar.update(1)
+        else:
+            free = list(range(cfg.jobs))
+            with ThreadPoolExecutor(cfg.jobs) as pool:
+                pending, queue = {}, list(todo)
+                try:
+                    while queue or pending:
+                        while queue and free:
+                            slot = free.pop()
+                            pending[pool.submit(grader.grade, queue.pop(0), slot)] = slot
+                        finished, _ = wait(list(pending), timeout=0.5, return_when=FIRST_COMPLETED)
+                        for f in finished:
+                            free.append(pending.pop(f))
+                            finish(f.result())
+                            bar.update(1)
+                except BaseException:
+                    grader.stopping = True
+                    grader.kill_all()
+                    raise
+    except (Interrupted, KeyboardInterrupt):
+        interrupted = True
+    finally:
+        bar.close()
+        if main:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+        grader.close()
+        rows = write_tables()
+        out.close()
+    if interrupted:
+        log(f"interrupted: {len(records)} of {len(subs)} notebooks graded; "
+            f"run again with --resume to finish")
+        raise KeyboardInterrupt
+    return rows
