@@ -244,7 +244,12 @@ class OutDir:
                 pass
             raise
 
+    def _refuse_link(self, name):
+        if os.path.islink(os.path.join(self.path, name)):
+            raise ValueError(f"{name} in the output folder is a symbolic link: refusing to follow it")
+
     def read(self, name: str) -> str:
+        self._refuse_link(name)
         try:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=self.fd)
         except FileNotFoundError:
@@ -257,6 +262,7 @@ class OutDir:
     def open_append(self, name: str, fresh: bool) -> None:
         if fresh:
             self.replace(name, "")
+        self._refuse_link(name)
         fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)

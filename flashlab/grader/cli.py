@@ -24,7 +24,7 @@ def _grade(args):
                          isolation=args.isolation, jobs=args.jobs, resume=args.resume,
                          student_pattern=args.student_pattern,
                          exercises=args.exercises.split(",") if args.exercises else None, limits=limits)
-    except IsolationError as e:
+    except (IsolationError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
