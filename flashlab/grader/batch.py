@@ -341,6 +341,12 @@ class Grader:
         self.work = tempfile.mkdtemp(prefix="flashlab-grade-")
         os.chmod(self.work, 0o700)
         self.live = {}                 # pid -> Popen
+        self._cgroups = {}             # private folder -> its cgroup folders
+        self.cgroups = False
+        if self.mode == "sandbox":      # can this machine cap a whole submission's memory and processes?
+            probe = iso.make_cgroups(f"flashlab-{os.getpid()}-probe", cfg.limits)
+            self.cgroups = len(probe) == 2
+            iso.remove_cgroups(probe)
         self.lock = threading.Lock()
         self.stopping = False
 
@@ -397,9 +403,12 @@ class Grader:
             uid = iso.uid_for(slot)
             root = os.path.join(d, "root")
             os.makedirs(root)
+            cgroups = iso.make_cgroups(f"flashlab-{os.getpid()}-{os.path.basename(d)}", self.cfg.limits) \
+                if self.cgroups else []
+            self._cgroups[d] = cgroups
             plan = iso.Plan(root=root, ctl=ctl, pkg=self.pkg, python=self.python, trees=iso.python_trees(),
                             argv=argv, env=env, uid=uid, gid=uid, limits=asdict(self.cfg.limits),
-                            devices=iso.gpu_devices())
+                            devices=iso.gpu_devices(), cgroups=cgroups)
             with open(os.path.join(d, "plan.json"), "w") as f:
                 json.dump(asdict(plan), f)
             cmd, cwd = iso.sandbox_command(os.path.join(d, "plan.json")), d
@@ -435,6 +444,14 @@ class Grader:
         with self.lock:
             self.live.pop(proc.pid, None)
 
+    def describe(self) -> str:
+        if self.mode == "weak":
+            return "weak (student code ran as the instructor)"
+        mem = f"{self.cfg.limits.memory >> 20} MiB"
+        return ("sandbox (namespaces, unprivileged uid, " +
+                (f"cgroup: {mem} and {self.cfg.limits.processes} processes per notebook)" if self.cgroups else
+                 f"no writable cgroup: {mem} address space per process)"))
+
     def kill_all(self):
         with self.lock:
             procs = list(self.live.values())
@@ -459,6 +476,7 @@ class Grader:
             text = _tail(os.path.join(d, "log"), 6000)
         finally:
             os.close(log)
+            iso.remove_cgroups(self._cgroups.pop(d, []))
             shutil.rmtree(d, ignore_errors=True)
         m = re.search(r"^SELFTEST (\{.*\})$", text, re.M)
         if not m:
@@ -520,10 +538,15 @@ class Grader:
             listener.close()
             os.close(log)
             log_tail = _tail(os.path.join(d, "log"), 2000)
+            cgroups = self._cgroups.pop(d, [])
+            hit_memory = iso.cgroup_hit_limit(cgroups)
+            iso.remove_cgroups(cgroups)
             shutil.rmtree(d, ignore_errors=True)
         if self.stopping:
             raise Interrupted()
         rec["grades"] = run.grades
+        if hit_memory:
+            _note(run, f"reached the memory limit ({self.cfg.limits.memory >> 20} MiB for the whole notebook)")
         rec["notes"] = run.notes[:20]
         # the run's status: the clock is the grader's; the rest is the sandbox's own account (advisory)
         told = run.finished[1] if run.finished else ""
@@ -862,7 +885,7 @@ def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = 
         else:
             todo.append(s)
     out.open_append(RESULTS, fresh=not resume)
-    header = (f"flashlab batch grading, {time.strftime('%Y-%m-%d %H:%M:%S')}; isolation: {grader.mode}; "
+    header = (f"flashlab batch grading, {time.strftime('%Y-%m-%d %H:%M:%S')}; isolation: {grader.describe()}; "
               f"{len(subs)} notebooks ({len(subs) - len(todo)} kept from an earlier run), {len(skipped)} files skipped")
     lock = threading.Lock()
 

@@ -79,6 +79,7 @@ class Plan:
     gid: int
     limits: dict = field(default_factory=lambda: asdict(Limits()))
     devices: list = field(default_factory=list)   # extra device nodes (GPU)
+    cgroups: list = field(default_factory=list)   # cgroup folders the sandbox joins first
 
 
 class IsolationError(RuntimeError):
@@ -142,6 +143,68 @@ def uid_for(slot: int) -> int:
     except KeyError:
         return uid
     raise IsolationError(f"uid {uid} belongs to a user here; the sandbox needs an unused uid")
+
+
+def _cgroup_v1_base(controller: str):
+    """This process's cgroup folder for a v1 controller, if the grader may create children there."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            base = f"/sys/fs/cgroup/{controller}{path}"
+            return base if os.path.isdir(base) and os.access(base, os.W_OK) else None
+    return None
+
+
+def make_cgroups(name: str, limits: Limits) -> list:
+    """A memory cgroup (the whole submission's memory) and a pids cgroup, where cgroup v1 is writable.
+    Returns the folders made ([] where there is none: then only the per-process limits hold)."""
+    made = []
+    for ctrl, settings in (("memory", {"memory.limit_in_bytes": limits.memory}),
+                           ("pids", {"pids.max": limits.processes})):
+        base = _cgroup_v1_base(ctrl)
+        if base is None:
+            continue
+        d = os.path.join(base, name)
+        try:
+            os.mkdir(d)
+            for k, v in settings.items():
+                with open(os.path.join(d, k), "w") as f:
+                    f.write(str(v))
+        except OSError:
+            remove_cgroups([d])
+            continue
+        made.append(d)
+    return made
+
+
+def cgroup_hit_limit(dirs: list) -> bool:
+    for d in dirs:
+        for name in ("memory.failcnt",):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    if int(f.read().strip() or 0) > 0:
+                        return True
+            except (OSError, ValueError):
+                pass
+    return False
+
+
+def remove_cgroups(dirs: list) -> None:
+    import time
+    for d in dirs:
+        for _ in range(50):
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:                     # processes still leaving
+                time.sleep(0.05)
 
 
 def sandbox_command(plan_path: str) -> list:
@@ -296,7 +359,11 @@ def init(plan_path: str) -> int:
     """PID 1 of the sandbox: build it, start the runner unprivileged, reap, exit with its status."""
     with open(plan_path) as f:
         plan = Plan(**json.load(f))
+    os.umask(0o022)
     try:
+        for d in plan.cgroups:                  # before anything else: every later process inherits it
+            with open(os.path.join(d, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
         _build_root(plan)
         socket.sethostname("sandbox")
         _loopback_up()
