@@ -206,6 +206,14 @@ def test_outputs_replace_links_never_follow_them(tmp_path):
         batch.OutDir(tmp_path / "link")
 
 
+def test_without_root_the_sandbox_is_refused_not_faked(monkeypatch):
+    from flashlab.grader import isolation
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(isolation.IsolationError, match="root"):
+        isolation.choose("auto")
+    assert isolation.choose("weak") == "weak"                    # only when asked for by name
+
+
 def test_one_row_per_student_and_the_worst_verdict_counts():
     rec = lambda nb, st, g: {"student": "s", "notebook": nb, "sha256": "", "status": st, "detail": "",  # noqa: E731
                              "grades": {k: {"status": v} for k, v in g.items()}, "notes": []}

@@ -395,3 +395,13 @@ def test_killed_grader_keeps_its_rows_and_resume_finishes(tmp_path):
     assert slow["status"] == "timed out"
     table = list(csv.DictReader(open(out / "grades.csv", newline="")))
     assert sorted(r["student"] for r in table) == ["s0", "s1", "s2", "s3", "slow"]
+
+
+def test_no_reachable_interpreter_fails_loudly(tmp_path, monkeypatch):
+    """The trap: an interpreter the sandbox's user cannot reach (here: not mounted at all, as when
+    Python lives under a 0700 home) must stop the run with the reason, never fall back to root."""
+    from flashlab.grader import isolation
+    monkeypatch.setattr(isolation, "python_trees", lambda: [])
+    _nb(tmp_path / "class" / "a.ipynb", ["x = 1"])
+    with pytest.raises(isolation.IsolationError, match="could not run Python"):
+        batch.grade_all([tmp_path / "class"], tmp_path / "out", timeout=30, progress=False)

@@ -55,6 +55,7 @@ RESULTS, CSV_NAME, SUMMARY = "results.jsonl", "grades.csv", "summary.txt"
 MAX_NOTEBOOK = 32 << 20          # bytes
 MAX_CALLS = 64                   # grade() calls served per notebook
 MAX_EVENTS = 500                 # connections accepted per notebook
+MAX_OUTPUT = 64 << 20            # bytes of arrays in one case's answer
 RUN_ORDER = ["ok", "cell errors", "timed out", "crashed", "rejected"]      # better -> worse
 VERDICT_ORDER = ["pass", "not implemented", "missing", "fail", "error"]    # better -> worse
 SHORT = {"pass": "pass", "fail": "FAIL", "not implemented": "todo", "error": "ERR", "missing": "-"}
@@ -107,7 +108,7 @@ def discover(paths, student_pattern: str | None = None):
         else:
             subs.append(Submission(who, rel, path))
 
-    def walk(root: str, top: str, depth: int):
+    def walk(root: str, top: str, base: str, depth: int):
         try:
             entries = sorted(os.scandir(root), key=lambda e: e.name)
         except OSError as e:
@@ -123,17 +124,16 @@ def discover(paths, student_pattern: str | None = None):
                 if depth >= 8:
                     skipped.append(Skipped(rel, "folder nested too deeply"))
                 else:
-                    walk(e.path, top, depth + 1)
+                    walk(e.path, top, base, depth + 1)
             elif e.is_file(follow_symlinks=False):
                 if _is_notebook_name(e.name):
-                    parts = os.path.relpath(e.path, root_of[top]).split(os.sep)
+                    parts = os.path.relpath(e.path, base).split(os.sep)
                     add(e.path, rel, parts[0] if len(parts) > 1 else _stem(parts[0]))
                 else:
                     skipped.append(Skipped(rel, "not a notebook (.ipynb) file"))
             else:
                 skipped.append(Skipped(rel, "not a regular file (FIFO, socket or device), not opened"))
 
-    root_of = {}
     for arg in paths:
         arg = os.fsdecode(arg) if isinstance(arg, bytes) else str(arg)
         try:
@@ -144,9 +144,8 @@ def discover(paths, student_pattern: str | None = None):
         if stat.S_ISLNK(st.st_mode):
             skipped.append(Skipped(arg, "symbolic link, not followed"))
         elif stat.S_ISDIR(st.st_mode):
-            top = os.path.dirname(os.path.abspath(arg))
-            root_of[top] = os.path.abspath(arg)
-            walk(os.path.abspath(arg), top, 0)
+            base = os.path.abspath(arg)
+            walk(base, os.path.dirname(base), base, 0)
         elif stat.S_ISREG(st.st_mode) and _is_notebook_name(os.path.basename(arg)):
             add(arg, os.path.basename(arg), _stem(os.path.basename(arg)))
         elif stat.S_ISREG(st.st_mode):
@@ -661,7 +660,8 @@ class Grader:
                 P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
                               "visible": case.visible, "large": case.large}, arrays,
                        timeout=max(1.0, run.deadline - time.monotonic()))
-                reply, out_arrays = P.recv(conn, min(run.deadline, time.monotonic() + ex.timeout + 30))
+                reply, out_arrays = P.recv(conn, min(run.deadline, time.monotonic() + ex.timeout + 30),
+                                           max_total=MAX_OUTPUT)
                 status = reply.get("status")
                 if reply.get("op") != "outcome" or status not in ("ok", "error", "not implemented", "crash",
                                                                    "timeout"):
