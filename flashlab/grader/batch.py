@@ -413,7 +413,6 @@ class Grader:
             cmd, cwd = iso.sandbox_command(os.path.join(d, "plan.json")), d
         else:
             cmd, cwd = iso.weak_command(argv, self.cfg.limits), home
-            env = dict(env)
         return d, cmd, cwd, env, listener, log
 
     def _spawn(self, cmd, cwd, env, log):
@@ -769,8 +768,8 @@ def student_rows(records: list, exercises=None) -> list:
                 notes.append(f"{ex} graded in {len(places)} notebooks ("
                              + ", ".join(f"{show(nb)}: {st}" for nb, st in places) + "); the worst counts")
         status = max((r["status"] for r in recs), key=RUN_ORDER.index)
-        details = [f"{show(r['notebook'])}: {r['status']}" + (f" ({r['detail']})" if r["detail"] else "")
-                   for r in recs if r["status"] != "ok" or len(recs) > 1 and r["detail"]]
+        details = [(f"{show(r['notebook'])}: {r['status']}, " if len(recs) > 1 else "") + r["detail"]
+                   for r in recs if r["detail"]]
         for r in recs:
             notes += [f"{show(r['notebook'])}: {n}" for n in r.get("notes", [])]
         rows.append(StudentRow(student, [r["notebook"] for r in recs], status, grades, "; ".join(details), notes))
@@ -835,8 +834,7 @@ def format_summary(rows, skipped=(), exercises=None, header: str = "") -> str:
     section("Failed:", failed)
     for st, title in (("timed out", "Timed out:"), ("crashed", "Crashed:"), ("rejected", "Rejected:"),
                       ("cell errors", "Errors in cells (the rest of the notebook still ran):")):
-        section(title, [f"{n}: {r.detail}" for r, n in zip(rows, names) if r.status == st
-                        or st == "cell errors" and "cell errors" in r.detail])
+        section(title, [f"{n}: {r.detail}" for r, n in zip(rows, names) if r.status == st])
     section("Notes:", [f"{n}: {show(x)}" for r, n in zip(rows, names) for x in r.notes])
     section(f"Skipped files ({len(skipped)}):", [f"{show(s.path)}: {s.reason}" for s in skipped])
     return "\n".join(lines) + "\n"

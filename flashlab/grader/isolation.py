@@ -21,8 +21,8 @@ process of the submission.
 resource limits (``prlimit``), its own session killed at the end.  Student code runs
 as the instructor and can read and write what the instructor can, and a process
 that leaves the session can outlive the run.  Only for trusted notebooks; for
-untrusted ones run the grader as root in a container (or one container per
-submission).
+untrusted ones run the grader as root on a Linux machine or VM, or use a container
+or VM per submission.
 
 This file also runs as a script (the sandbox's init, as root inside the new
 namespaces): it imports nothing from flashlab.
@@ -105,10 +105,10 @@ def choose(requested: str = "auto") -> str:
             missing.append(f"`{tool}` (util-linux)")
     if missing:
         raise IsolationError(
-            "cannot sandbox submissions here: needs " + ", ".join(missing) + ". Run the grader as root "
-            "(e.g. in a container: docker run --rm -v $PWD:/w -w /w <image> python -m flashlab grade ...), "
-            "or grade each submission in its own container. `--isolation weak` runs student code as you, "
-            "with your files and network: only for notebooks you trust.")
+            "cannot sandbox submissions here: needs " + ", ".join(missing) + ". Run the grader as root on a "
+            "Linux machine or VM (sudo \"$(which python)\" -m flashlab grade ...), or grade each submission "
+            "in its own container or VM. `--isolation weak` runs student code as you, with your files and "
+            "network: only for notebooks you trust.")
     return "sandbox"
 
 
