@@ -18,12 +18,19 @@ def _size(text: str) -> int:
 def _grade(args):
     from .batch import grade_all
     from .isolation import IsolationError, Limits
+    exercises = args.exercises.split(",") if args.exercises else None
+    if exercises:
+        from .exercises import EXERCISES
+        unknown = [e for e in exercises if e not in EXERCISES]
+        if unknown:
+            print(f"error: unknown exercises {unknown}; they are: {', '.join(EXERCISES)}", file=sys.stderr)
+            return 2
     limits = Limits(memory=_size(args.memory), processes=args.processes, cpu=int(args.cpu or args.timeout + 60))
     try:
         rows = grade_all(args.submissions, args.out, args.timeout, progress=not args.quiet,
                          isolation=args.isolation, jobs=args.jobs, resume=args.resume,
                          student_pattern=args.student_pattern,
-                         exercises=args.exercises.split(",") if args.exercises else None, limits=limits)
+                         exercises=exercises, limits=limits)
     except (IsolationError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -64,7 +71,8 @@ def add_commands(sub) -> None:
     p.add_argument("--isolation", choices=("auto", "sandbox", "weak"), default="auto",
                    help="auto/sandbox: namespaces and an unprivileged uid (needs root; fails loudly "
                         "otherwise); weak: student code runs as you (trusted notebooks only)")
-    p.add_argument("--memory", default="4G", help="address space per process in the sandbox (e.g. 4G)")
+    p.add_argument("--memory", default="4G",
+                   help="memory per process, and per notebook where a cgroup is available (e.g. 4G)")
     p.add_argument("--processes", type=int, default=256, help="processes and threads per submission")
     p.add_argument("--cpu", type=int, default=None, help="CPU seconds per process (default: timeout + 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

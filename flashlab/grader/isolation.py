@@ -305,10 +305,6 @@ def _build_root(plan: Plan):
             os.symlink(os.readlink(d), new + d)
         elif os.path.isdir(d):
             _bind(d, new + d)
-    for t in plan.trees:
-        _bind(t, new + t)
-    _bind(plan.pkg, new + PKG + "/flashlab")
-    _bind(plan.ctl, new + CTL, extra=MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # /dev: a few harmless nodes, a private /dev/shm
     os.makedirs(new + "/dev")
     _mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
@@ -329,6 +325,10 @@ def _build_root(plan: Plan):
     os.makedirs(new + HOME)
     _mount("tmpfs", new + HOME, "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={lim.home},mode=0700,uid={plan.uid},gid={plan.gid}")
+    for t in plan.trees:                # after the tmpfs mounts, so that none of them hides a tree
+        _bind(t, new + t)
+    _bind(plan.pkg, new + PKG + "/flashlab")
+    _bind(plan.ctl, new + CTL, extra=MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot(new)
     _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
