@@ -98,12 +98,12 @@ def _kill_leftovers(marker):
             pass
 
 
-def build_class(tmp: Path, marker: str, port: int) -> dict:
+def build_class(tmp: Path, marker: str, port: int, pkg: Path = PKG, planted: str = "/planted") -> dict:
     """The class folder; returns the paths the attacks aim at."""
     cls, out, victim = tmp / "class", tmp / "out", tmp / "victim.txt"
     victim.write_text("the instructor's file\n")
-    targets = dict(cls=str(cls), out=str(out), victim=str(victim), pkg=str(PKG), root=str(ROOT),
-                   alice=str(cls / "alice" / "work.ipynb"), marker=marker, port=port)
+    targets = dict(cls=str(cls), out=str(out), victim=str(victim), pkg=str(pkg), root=str(ROOT),
+                   alice=str(cls / "alice" / "work.ipynb"), marker=marker, port=port, planted=planted)
     t = json.dumps(targets)
     sleeper = (f"import subprocess\n"
                f"def sleeper(code='import time; time.sleep(1000)'):\n"
@@ -205,7 +205,7 @@ for p in (T["alice"], T["root"] + "/solutions", T["out"], "/proc/1/root" + T["cl
 wrote = []
 for p, data in ((T["alice"], "{{}}"), (T["cls"] + "/zz_planted.ipynb", "{{}}"), (T["pkg"] + "/grader/core.py", "\\n#x"),
                 ("/opt/flashlab/flashlab/grader/core.py", "\\n#x"), ("/run/flashlab/submission.ipynb", "{{}}"),
-                (T["out"] + "/grades.csv", "student\\nmallory,pass"), (T["victim"], "owned"), ("/planted", "x")):
+                (T["out"] + "/grades.csv", "student\\nmallory,pass"), (T["victim"], "owned"), (T["planted"], "x")):
     try:
         with open(p, "a") as f:
             f.write(data)
@@ -343,6 +343,31 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
     for section in ("Failed:", "Crashed:", "Rejected:", "Skipped files"):
         assert section in summary
     print(f"graded {len(records)} notebooks in {took:.0f} s")
+
+
+def test_the_attacks_are_real_without_the_sandbox(tmp_path):
+    """The escape notebook, graded with --isolation weak against a copy of flashlab: there its attacks
+    work (so the FAILs above are the sandbox's doing, not broken attacks)."""
+    import shutil
+    marker = f"flashlab-weak-{os.getpid()}-{time.time_ns()}"
+    pkg = tmp_path / "pkg-copy"
+    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    try:
+        t = build_class(tmp_path, marker, server.getsockname()[1], pkg=pkg, planted=str(tmp_path / "planted"))
+        only = tmp_path / "only"
+        shutil.copytree(tmp_path / "class" / "mallory_escape", only / "mallory_escape")
+        (row,) = batch.grade_all([only], tmp_path / "out-weak", timeout=120, progress=False, isolation="weak")
+        time.sleep(3)
+        assert row.grades["online_softmax_update"]["status"] == "pass"      # the network was reachable
+        assert row.grades["attention_naive"]["status"] == "pass"            # files outside were writable
+        assert "owned" in Path(t["victim"]).read_text() and (pkg / "grader" / "core.py").read_text().endswith("#x")
+        assert _alive(marker), "in weak mode a detached process survives (that is why it is weak)"
+    finally:
+        server.close()
+        _kill_leftovers(marker)
 
 
 LIGHT = "import time, subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)', {m!r}], " \
