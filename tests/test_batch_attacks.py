@@ -296,6 +296,10 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
         took = time.monotonic() - start
         assert not _alive(marker), "a student process outlived the run"
         assert not _sandbox_processes(), "a student process outlived the run"
+        from flashlab.grader import isolation
+        for ctrl in ("memory", "pids"):
+            base = isolation._cgroup_v1_base(ctrl)
+            assert not base or not [n for n in os.listdir(base) if n.startswith(f"flashlab-{os.getpid()}-")]
         time.sleep(3)                                    # what a survivor would do after the run
         assert _snapshot(cls) == before, "a submission was modified or planted"
         assert _tree_hash(PKG) == pkg_before, "flashlab was modified"
@@ -387,6 +391,8 @@ def test_killed_grader_keeps_its_rows_and_resume_finishes(tmp_path):
     def lines():
         return results.read_text().splitlines() if results.exists() else []
 
+    pids = []
+
     def run_until(n_lines, sig, extra=()):
         p = subprocess.Popen(cmd + list(extra), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 240
@@ -394,6 +400,7 @@ def test_killed_grader_keeps_its_rows_and_resume_finishes(tmp_path):
             time.sleep(0.2)
         time.sleep(1.0)                                  # the next notebook is running now
         p.send_signal(sig)
+        pids.append(p.pid)
         return p.wait(timeout=60), p.stdout.read().decode()
 
     try:
@@ -410,6 +417,14 @@ def test_killed_grader_keeps_its_rows_and_resume_finishes(tmp_path):
         assert not _alive(marker), "a student process outlived the grader's SIGKILL"
         done = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
+        # what the killed graders left (work folders, cgroups) is gone once a later run starts
+        import tempfile
+        from flashlab.grader import isolation
+        left = os.listdir(tempfile.gettempdir())
+        for ctrl in ("memory", "pids"):
+            base = isolation._cgroup_v1_base(ctrl)
+            left += os.listdir(base) if base else []
+        assert not [n for n in left for pid in pids if n.startswith((f"flashlab-batch-{pid}-", f"flashlab-{pid}-"))]
     finally:
         _kill_leftovers(marker)
     records = [json.loads(l) for l in lines()]

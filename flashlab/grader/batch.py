@@ -107,7 +107,8 @@ class Grader:
         self.mode = iso.choose(cfg.isolation)
         self.pkg = os.path.dirname(os.path.realpath(flashlab.__file__))
         self.python = os.path.realpath(sys.executable)
-        self.work = tempfile.mkdtemp(prefix="flashlab-grade-")
+        _remove_stale()
+        self.work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-")
         os.chmod(self.work, 0o700)
         self.live = {}                 # pid -> Popen
         self._cgroups = {}             # private folder -> its cgroup folders
@@ -458,6 +459,46 @@ class Grader:
     def close(self):
         self.kill_all()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+WORK_PREFIX = "flashlab-batch-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale():
+    """What a grader killed with SIGKILL left behind (its work folder, its cgroups): removed once its
+    process is gone."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
+        m = re.fullmatch(re.escape(WORK_PREFIX) + r"(\d+)-\w+", name)
+        path = os.path.join(tmp, name)
+        if m and not _pid_alive(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path) \
+                and os.lstat(path).st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
+    for ctrl in ("memory", "pids"):
+        base = iso._cgroup_v1_base(ctrl)
+        if base is None:
+            continue
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        stale = [os.path.join(base, n) for n in names
+                 if (m := re.fullmatch(r"flashlab-(\d+)-\w+", n)) and not _pid_alive(int(m.group(1)))]
+        iso.remove_cgroups(stale)
 
 
 def _note(run, text):
