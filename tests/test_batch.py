@@ -1,15 +1,25 @@
-"""Assignments and batch grading: a bad class folder is graded to the end."""
-import csv
+"""Assignments, and the parts of batch grading that need no sandbox: the wire, inputs, outputs, rules."""
+import json
+import os
+import pickle
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
+import torch
 
+from flashlab.grader import batch
+from flashlab.grader import protocol as P
+from flashlab.grader import roster
 from flashlab.grader.assign import assign, is_edited, strip_solution
-from flashlab.grader.batch import grade_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,55 +61,178 @@ def test_assign_check_and_never_overwrite_edits(tmp_path):
     assert assign(sol, ex, check=True, log=logs.append) == 1
 
 
-def _notebook(path, cells):
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
+# ----------------------------------------------------------------------------
+# batch grading, the parts that need no sandbox (tests/test_batch_attacks.py runs whole classes)
+# ----------------------------------------------------------------------------
+
+def test_protocol_carries_arrays_tensors_and_nothing_else(rng):
+    t = torch.from_numpy(rng.standard_normal((3, 5))).to(torch.bfloat16)
+    value = {"q": t, "x": rng.standard_normal((2, 3)), "_stray": ["a", "b"], "_unwritten": {"o": np.ones(4, bool)},
+             "n": None, "k": [1, 2.5, "s"]}
+    arrays = []
+    a, b = socket.socketpair()
+    tree = P.pack(value, arrays)
+    P.send(a, {"op": "case", "inputs": tree}, arrays)
+    header, got = P.recv(b, time.monotonic() + 5)
+    back = P.unpack(header["inputs"], got, torch_ok=True)
+    assert back["q"].dtype == torch.bfloat16 and torch.equal(back["q"], t)          # bf16 rebuilt exactly
+    assert np.array_equal(back["x"], value["x"]) and back["x"].dtype == np.float64
+    assert back["_stray"] == ["a", "b"] and back["_unwritten"]["o"].dtype == bool
+    assert back["n"] is None and back["k"] == [1, 2.5, "s"]
+    with pytest.raises(P.ProtocolError):
+        P.unpack(header["inputs"], got)                      # the grader takes no tensors
+    with pytest.raises(TypeError):
+        P.pack({"f": object()}, [])                          # nothing but data travels
+    with pytest.raises(TypeError):
+        P.pack(np.array([object()]), [])
 
 
-OWN = """import flashlab, numpy as np
-from flashlab.grader import grade
-def osu(m, l, x):
-    m_new = np.maximum(m, x.max(1))
-    return m_new, np.exp(m - m_new) * l + np.exp(x - m_new[:, None]).sum(1)
-def os_(x, b):
-    m, l = np.full(len(x), -np.inf), np.zeros(len(x))
-    for j in range(0, x.shape[1], b):
-        m, l = osu(m, l, x[:, j:j + b])
-    return np.exp(x - m[:, None]) / l[:, None]
-"""   # the learner's own code: the grader refuses flashlab's references as answers
-GOOD = OWN + """grade("online_softmax", os_)
-grade("online_softmax_update", osu)"""
-WRONG = OWN + """grade("online_softmax", lambda x, b: np.exp(x) / np.exp(x).sum(1, keepdims=True))
-grade("online_softmax_update", osu)"""
+@pytest.mark.parametrize("frame, why", [
+    (b"\xff\xff\xff\xff", "over the"),
+    (pickle.dumps({"op": "verdict", "status": "pass"}), "over the"),
+    (b"\x00\x00\x00\x05nope!", "not JSON"),
+    (b"\x00\x00\x00\x02[]", "JSON object"),
+    (json.dumps({"arrays": [{"dtype": "|O", "shape": [1]}]}), "numeric dtypes"),
+    (json.dumps({"arrays": [{"dtype": "<f8", "shape": [10 ** 5, 10 ** 5]}]}), "size limit"),
+    (json.dumps({"arrays": [{"dtype": "<f8", "shape": [-1]}]}), "shape"),
+    (json.dumps({"arrays": [{"dtype": "<f8", "shape": [4]}]}), "stopped sending"),    # promised, never sent
+])
+def test_protocol_refuses_hostile_frames(frame, why):
+    if isinstance(frame, str):
+        frame = struct.pack(">I", len(frame)) + frame.encode()
+    a, b = socket.socketpair()
+    a.sendall(frame)
+    with pytest.raises(P.ProtocolError, match=why):
+        P.recv(b, time.monotonic() + 0.5)
 
 
-@pytest.mark.notebook
-def test_batch_grading_survives_a_bad_class(tmp_path):
-    sub = tmp_path / "class"
-    sub.mkdir()
-    _notebook(sub / "alice.ipynb", [GOOD])
-    _notebook(sub / "bob.ipynb", [WRONG])
-    _notebook(sub / "carol.ipynb", [OWN + "grade('online_softmax', os_)",
-                                    "import time\ntime.sleep(600)"])
-    _notebook(sub / "dave.ipynb", ["import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"])
-    (sub / "erin.ipynb").write_text("{ this is not json")
-    before = {p.name: p.read_bytes() for p in sub.iterdir()}
-    rows = grade_all([sub], tmp_path / "grades", timeout=25, progress=False)
-    assert {p.name: p.read_bytes() for p in sub.iterdir()} == before          # submissions untouched
-    by = {r.student: r for r in rows}
-    assert by["alice"].status == "ok" and by["alice"].grades["online_softmax"]["status"] == "pass"
-    assert by["bob"].status == "ok" and by["bob"].grades["online_softmax"]["status"] == "fail"
-    assert by["bob"].grades["online_softmax_update"]["status"] == "pass"
-    assert by["carol"].status == "timed out" and by["carol"].grades["online_softmax"]["status"] == "pass"
-    assert by["dave"].status == "kernel died"
-    assert by["erin"].status == "not a notebook"
-    table = list(csv.DictReader(open(tmp_path / "grades" / "grades.csv")))
-    assert [r["student"] for r in table] == ["alice", "bob", "carol", "dave", "erin"]
-    assert table[1]["online_softmax"] == "fail" and table[4]["run"] == "not a notebook"
-    summary = (tmp_path / "grades" / "summary.txt").read_text()
-    assert "FAIL" in summary and "timed out" in summary
+def test_bad_array_references_are_refused():
+    for tree in ({"__array__": 3}, {"__array__": "0"}, {"__array__": 0, "evil": 1}, {"__array__": True}):
+        with pytest.raises(P.ProtocolError):
+            P.unpack(tree, [np.zeros(2)])
+
+
+def _serve(ex_name, candidate, grader):
+    """The grader's side of one grade() call, with the notebook's side in a thread (no sandbox)."""
+    from flashlab.grader.exercises import EXERCISES
+    a, b = socket.socketpair()
+    child = threading.Thread(target=lambda: P.serve_cases(EXERCISES[ex_name], candidate, sock=b), daemon=True)
+    child.start()
+    run = batch._Run(time.monotonic() + 60)
+    header, _ = P.recv(a, time.monotonic() + 10)
+    grader._grade_exercise(a, header, run)
+    child.join(10)
+    a.close()
+    return run.grades[ex_name]
+
+
+def test_the_verdict_is_computed_by_the_grader():
+    from flashlab import reference as R
+    def own(x, b):                                         # the learner's own code (references are refused)
+        m, l = np.full(len(x), -np.inf), np.zeros(len(x))
+        for j in range(0, x.shape[1], b):
+            m_new = np.maximum(m, x[:, j:j + b].max(1))
+            l = np.exp(m - m_new) * l + np.exp(x[:, j:j + b] - m_new[:, None]).sum(1)
+            m = m_new
+        return np.exp(x - m[:, None]) / l[:, None]
+    grader = batch.Grader(batch.Config(isolation="weak"))
+    try:
+        assert _serve("online_softmax", own, grader)["status"] == "pass"
+        def wrong(x, b):                                   # no max subtraction: overflows on large logits
+            with np.errstate(all="ignore"):
+                return np.exp(x) / np.exp(x).sum(1, keepdims=True)
+        v = _serve("online_softmax", wrong, grader)
+        assert v["status"] == "fail" and v["cases_passed"] < v["cases"]
+        # the candidate mutates its inputs to zero: the grader's reference uses its own copy
+        def zeroing(m, l, x):
+            m[...] = 0; l[...] = 0; x[...] = 0  # noqa: E702
+            return R.online_softmax_update(m, l, x)
+        assert _serve("online_softmax_update", zeroing, grader)["status"] == "fail"
+        def stub(x, b):
+            raise NotImplementedError
+        assert _serve("online_softmax", stub, grader)["status"] == "not implemented"
+    finally:
+        grader.close()
+
+
+def _touch(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{}")
+
+
+def test_discover_takes_regular_notebooks_only_and_names_students(tmp_path):
+    cls = tmp_path / "class"
+    _touch(cls / "alice" / "hw" / "a.ipynb")
+    _touch(cls / "alice" / "b.IPYNB")
+    _touch(cls / "bob.ipynb")
+    _touch(cls / "alice" / ".ipynb_checkpoints" / "a-checkpoint.ipynb")
+    _touch(cls / "notes.txt")
+    os.symlink(cls / "bob.ipynb", cls / "carol.ipynb")
+    os.symlink(cls / "alice", cls / "dave")
+    os.mkfifo(cls / "pipe.ipynb")
+    with open(os.fsencode(cls) + b"/\xff\xfe.ipynb", "w") as f:
+        f.write("{}")
+    subs, skipped = roster.discover([cls])
+    assert sorted((s.student, s.notebook) for s in subs) == sorted([
+        ("alice", "class/alice/b.IPYNB"), ("alice", "class/alice/hw/a.ipynb"), ("bob", "class/bob.ipynb"),
+        ("\udcff\udcfe", "class/\udcff\udcfe.ipynb")])
+    reasons = {s.path: s.reason for s in skipped}
+    assert "symbolic link" in reasons["class/carol.ipynb"] and "symbolic link" in reasons["class/dave"]
+    assert "not a regular file" in reasons["class/pipe.ipynb"] and "not a notebook" in reasons["class/notes.txt"]
+    subs, skipped = roster.discover([cls], student_pattern=r"(?P<student>[a-z]+)/hw/")
+    assert [(s.student, s.notebook) for s in subs] == [("alice", "class/alice/hw/a.ipynb")]
+    with pytest.raises(OSError):
+        roster.read_submission(str(cls / "carol.ipynb"))          # a link is never opened
+    with pytest.raises(ValueError):
+        roster.read_submission(str(cls / "pipe.ipynb"))           # nor a FIFO (and it does not block)
+
+
+def test_names_and_cells_are_shown_safely():
+    assert roster.show("caf\udce9\nx\u202e") == "caf\\xe9\\nx\\u202e"
+    for bad in ("=1+1", "+1", "-1", "@SUM(A1)", "=HYPERLINK(\"x\")", "|cmd"):
+        assert roster.csv_cell(bad).startswith("'")
+    assert roster.csv_cell("\t=1")[0] not in "\t="                 # control characters are escaped first
+    assert roster.csv_cell("alice") == "alice"
+
+
+def test_outputs_replace_links_never_follow_them(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(victim, out / "summary.txt")
+    d = roster.OutDir(out)
+    d.replace("summary.txt", "new")
+    assert victim.read_text() == "keep" and not (out / "summary.txt").is_symlink()
+    os.symlink(victim, out / "results.jsonl")
+    with pytest.raises(ValueError):
+        d.open_append("results.jsonl", fresh=False)
+    d.open_append("results.jsonl", fresh=True)                     # a fresh run replaces the link
+    d.append_line('{"a": 1}')
+    assert victim.read_text() == "keep" and (out / "results.jsonl").read_text() == '{"a": 1}\n'
+    d.close()
+    os.symlink(out, tmp_path / "link")
+    with pytest.raises(ValueError):
+        roster.OutDir(tmp_path / "link")
+
+
+def test_without_root_the_sandbox_is_refused_not_faked(monkeypatch):
+    from flashlab.grader import isolation
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(isolation.IsolationError, match="root"):
+        isolation.choose("auto")
+    assert isolation.choose("weak") == "weak"                    # only when asked for by name
+
+
+def test_one_row_per_student_and_the_worst_verdict_counts():
+    rec = lambda nb, st, g: {"student": "s", "notebook": nb, "sha256": "", "status": st, "detail": "",  # noqa: E731
+                             "grades": {k: {"status": v} for k, v in g.items()}, "notes": []}
+    rows = roster.student_rows([rec("a", "ok", {"x": "pass", "y": "pass"}), rec("b", "timed out", {"x": "fail"})])
+    (row,) = rows
+    assert row.grades["x"]["status"] == "fail" and row.grades["y"]["status"] == "pass"
+    assert row.status == "timed out" and any("worst counts" in n for n in row.notes)
+    text = roster.format_summary(rows)
+    assert "Timed out:" in text and "Failed:" in text
 
 
 def test_cli_assign_check_passes_on_the_repository():

@@ -1,194 +1,663 @@
-"""Grade a class: run each submitted exercise notebook in its own process, collect a table.
+"""Grade a class: every submitted notebook runs isolated; the verdicts are the grader's own.
 
     python -m flashlab grade submissions/ --out grades/
 
-Each notebook is copied to a scratch folder (the submission is never modified)
-and executed top to bottom by nbclient in a child process with a time limit.
-Every ``grade(...)`` call inside it appends one JSON line to the file named by
-``$FLASHLAB_GRADE_LOG``; the table is built from those lines.  A notebook that
-hangs, kills its kernel or is not a notebook at all gets a row saying so, and
-the others are still graded.
+How it works (the rules an instructor can rely on):
+
+* This process never runs student code.  For each notebook it starts a sandbox
+  (:mod:`flashlab.grader.isolation`) that executes the notebook with nbclient.
+  When the notebook calls ``grade("name", fn)``, that call connects to this
+  process (:mod:`flashlab.grader.protocol`), which draws the exercise's cases
+  with a fresh random seed, sends each case's inputs, receives ``fn``'s outputs
+  as plain arrays, and compares them with its own reference.  The verdict is
+  computed here and never sent back; whatever the notebook prints, logs or
+  patches inside its own process does not reach it, and a seed it passes is
+  ignored.
+* An exercise a notebook grades more than once: the last call counts.  An
+  exercise it never grades: "missing".  A student with several notebooks grading
+  the same exercise: the worst verdict counts, and the summary says so.
+* A student is the first folder under the class folder (``class/alice/...``), or
+  for a notebook directly in it, the file name without ``.ipynb``; or what the
+  instructor's ``--student-pattern`` (a regular expression with a group
+  ``student``) captures from the relative path.
+* Inputs: regular files ending in ``.ipynb`` (any case) only; symbolic links,
+  FIFOs and other special files are listed as skipped and never opened.
+* Outputs (in ``--out``): ``results.jsonl`` gets one line per notebook as soon
+  as it is graded (flushed and synced), ``grades.csv`` and ``summary.txt`` are
+  rewritten atomically after each notebook.  No symbolic link is followed there.
+  ``--resume`` keeps the lines of notebooks whose content hash has not changed.
+  SIGINT and SIGTERM stop the running sandboxes, write the tables and exit.
 """
 from __future__ import annotations
 
-import csv
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
 
-LOG_ENV = "FLASHLAB_GRADE_LOG"
+from . import isolation as iso
+from . import protocol as P
+from .roster import (OutDir, Submission, check_notebook, discover, format_csv, format_summary, read_submission,
+                     show, student_rows)
+
+RESULTS, CSV_NAME, SUMMARY = "results.jsonl", "grades.csv", "summary.txt"
+MAX_CALLS = 64                   # grade() calls served per notebook
+MAX_EVENTS = 500                 # connections accepted per notebook
+MAX_OUTPUT = 64 << 20            # bytes of arrays in one case's answer
 
 
-def log_result(result) -> None:
-    """Called by grade(): record the result when running under batch grading."""
-    path = os.environ.get(LOG_ENV)
-    if not path:
-        return
-    status = ("not implemented" if result.not_implemented else "pass" if result.passed else
-              "error" if any(c.status in ("error", "crash", "timeout") for c in result.cases) else "fail")
-    line = {"exercise": result.name, "status": status,
-            "cases_passed": sum(c.passed for c in result.cases), "cases": len(result.cases)}
-    with open(path, "a") as f:
-        f.write(json.dumps(line) + "\n")
+# ----------------------------------------------------------------------------
+# grading one notebook
+# ----------------------------------------------------------------------------
+
+class Interrupted(Exception):
+    pass
 
 
 @dataclass
-class Row:
-    student: str
-    path: str
-    status: str = "ok"                 # ok, timed out, kernel died, not a notebook, error
-    detail: str = ""
-    grades: dict = field(default_factory=dict)
-    seconds: float = 0.0
+class Config:
+    timeout: float = 600.0
+    isolation: str = "auto"
+    jobs: int = 1
+    exercises: list | None = None          # only these exercises count (default: all)
+    limits: iso.Limits = field(default_factory=iso.Limits)
 
 
-def find_notebooks(paths) -> list:
-    found = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found += sorted(x for x in p.rglob("*.ipynb") if ".ipynb_checkpoints" not in x.parts)
+def verdict_of(result) -> dict:
+    if result.not_implemented:
+        status = "not implemented"
+    elif result.passed:
+        status = "pass"
+    elif any(c.status in ("error", "crash", "timeout") for c in result.cases):
+        status = "error"
+    else:
+        status = "fail"
+    v = {"status": status, "cases_passed": sum(c.passed for c in result.cases), "cases": len(result.cases)}
+    first = result.first_failure()
+    if first is not None and status != "not implemented":
+        v["message"] = f"{first.label}: {first.message}"[:300]
+    return v
+
+
+class _Run:
+    """The state of one notebook's run, filled by the connections it makes."""
+
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.grades, self.calls, self.cell_errors, self.notes = {}, {}, [], []
+        self.finished = None           # the runner's own account: (status, detail)
+        self.connections = 0
+
+
+class Grader:
+    def __init__(self, cfg: Config):
+        from ..grader.exercises import EXERCISES
+        import flashlab
+        self.cfg = cfg
+        self.exercises = EXERCISES
+        self.mode = iso.choose(cfg.isolation)
+        self.pkg = os.path.dirname(os.path.realpath(flashlab.__file__))
+        self.python = os.path.realpath(sys.executable)
+        _remove_stale()
+        self.work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-")
+        os.chmod(self.work, 0o700)
+        self.live = {}                 # pid -> Popen
+        self._cgroups = {}             # private folder -> its cgroup folders
+        self.cgroups = False
+        if self.mode == "sandbox":      # can this machine cap a whole submission's memory and processes?
+            probe = iso.make_cgroups(f"flashlab-{os.getpid()}-probe", cfg.limits)
+            self.cgroups = len(probe) == 2
+            iso.remove_cgroups(probe)
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    # -- the sandbox ----------------------------------------------------------
+    def _env(self, home, ctl, slot):
+        base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                "HOME": home, "USER": "student", "LOGNAME": "student", "TMPDIR": "/tmp" if self.mode == "sandbox"
+                else home, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+                "JUPYTER_PATH": os.path.join(ctl, "jupyter"), "JUPYTER_CONFIG_DIR": os.path.join(home, ".jupyter"),
+                "JUPYTER_DATA_DIR": os.path.join(home, ".jupyter", "data"),
+                "JUPYTER_RUNTIME_DIR": os.path.join(home, ".jupyter", "runtime"),
+                "IPYTHONDIR": os.path.join(home, ".ipython"), "MPLCONFIGDIR": os.path.join(home, ".matplotlib"),
+                "TRITON_CACHE_DIR": os.path.join(home, ".triton"),
+                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, self.cfg.jobs))),
+                "PYTHONPATH": iso.PKG if self.mode == "sandbox" else os.path.dirname(self.pkg),
+                P.SOCKET_ENV: os.path.join(ctl, "grader.sock")}
+        for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
+            if k in os.environ:
+                base[k] = os.environ[k]
+        return base
+
+    def _prepare(self, slot, notebook_bytes, argv_tail):
+        """A private folder with the control files; returns (folder, command, listener socket, log fd)."""
+        import socket
+        d = tempfile.mkdtemp(dir=self.work)
+        ctl = os.path.join(d, "ctl")
+        kdir = os.path.join(ctl, "jupyter", "kernels", iso.KERNEL_NAME)
+        os.makedirs(kdir)
+        for p in (ctl, os.path.join(ctl, "jupyter"), os.path.join(ctl, "jupyter", "kernels"), kdir):
+            os.chmod(p, 0o755)
+        if notebook_bytes is not None:
+            with open(os.path.join(ctl, "submission.ipynb"), "wb") as f:
+                f.write(notebook_bytes)
+            os.chmod(os.path.join(ctl, "submission.ipynb"), 0o644)
+        with open(os.path.join(kdir, "kernel.json"), "w") as f:
+            json.dump({"argv": [self.python, "-s", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                       "display_name": "flashlab batch grading", "language": "python"}, f)
+        os.chmod(os.path.join(kdir, "kernel.json"), 0o644)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(os.path.join(ctl, "grader.sock"))
+        os.chmod(os.path.join(ctl, "grader.sock"), 0o666)
+        listener.listen(16)
+        log = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        if self.mode == "sandbox":
+            home, ctl_in = iso.HOME, iso.CTL
+            runner = [self.python, "-s", f"{iso.PKG}/flashlab/grader/runner.py"]
         else:
-            found.append(p)
-    return found
+            home, ctl_in = os.path.join(d, "home"), ctl
+            os.makedirs(home)
+            runner = [self.python, "-s", os.path.join(self.pkg, "grader", "runner.py")]
+        argv = runner + [a.replace("{ctl}", ctl_in) for a in argv_tail]
+        env = self._env(home, ctl_in, slot)
+        if self.mode == "sandbox":
+            uid = iso.uid_for(slot)
+            root = os.path.join(d, "root")
+            os.makedirs(root)
+            cgroups = iso.make_cgroups(f"flashlab-{os.getpid()}-{os.path.basename(d)}", self.cfg.limits) \
+                if self.cgroups else []
+            self._cgroups[d] = cgroups
+            plan = iso.Plan(root=root, ctl=ctl, pkg=self.pkg, python=self.python, trees=iso.python_trees(),
+                            argv=argv, env=env, uid=uid, gid=uid, limits=asdict(self.cfg.limits),
+                            devices=iso.gpu_devices(), cgroups=cgroups)
+            with open(os.path.join(d, "plan.json"), "w") as f:
+                json.dump(asdict(plan), f)
+            cmd, cwd = iso.sandbox_command(os.path.join(d, "plan.json")), d
+        else:
+            cmd, cwd = iso.weak_command(argv, self.cfg.limits), home
+        return d, cmd, cwd, env, listener, log
 
+    def _spawn(self, cmd, cwd, env, log):
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env if self.mode == "weak" else {"PATH": "/usr/bin:/bin"},
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
+                                start_new_session=True)
+        with self.lock:
+            self.live[proc.pid] = proc
+        return proc
 
-def _student_name(path: Path, roots) -> str:
-    for root in map(Path, roots):
-        if root.is_dir():
-            try:
-                return str(path.relative_to(root).with_suffix(""))
-            except ValueError:
-                continue
-    return path.stem
-
-
-def grade_one(path: Path, timeout: float) -> Row:
-    row = Row(path.stem, str(path))
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="flashlab-grade-") as tmp:
-        copy = Path(tmp) / path.name
+    def _kill(self, proc):
+        """Kill the whole submission: its session here; in a sandbox, its PID namespace with it."""
+        inner = _children(proc.pid)
         try:
-            shutil.copyfile(path, copy)
-        except OSError as e:
-            row.status, row.detail = "unreadable", str(e)
-            return row
-        log = Path(tmp) / "grades.jsonl"
-        env = dict(os.environ, **{LOG_ENV: str(log)})
-        cmd = [sys.executable, "-m", "flashlab.grader.batch", str(copy), str(timeout)]
-        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, text=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout + 30)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            code = None
-        if code is None:
-            row.status, row.detail = "timed out", f"still running after {timeout:.0f} s"
-        elif code == 3:
-            row.status, row.detail = "not a notebook", _last_line(out)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:   # pragma: no cover
+            pass
+        end = time.monotonic() + 10
+        while inner and time.monotonic() < end:      # the namespace's init goes last
+            inner = [p for p in inner if os.path.exists(f"/proc/{p}")]
+            if inner:
+                time.sleep(0.05)
+        with self.lock:
+            self.live.pop(proc.pid, None)
+
+    def describe(self) -> str:
+        if self.mode == "weak":
+            return "weak (student code ran as the instructor)"
+        mem = f"{self.cfg.limits.memory >> 20} MiB"
+        return ("sandbox (namespaces, unprivileged uid, " +
+                (f"cgroup: {mem} and {self.cfg.limits.processes} processes per notebook)" if self.cgroups else
+                 f"no writable cgroup: {mem} address space per process)"))
+
+    def kill_all(self):
+        with self.lock:
+            procs = list(self.live.values())
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def selftest(self):
+        """Start one sandbox before grading anything: if it cannot run Python as an unprivileged user,
+        or can write to flashlab or reach the network, stop here with the reason."""
+        d, cmd, cwd, env, listener, log = self._prepare(0, None, ["--selftest"])
+        listener.close()
+        try:
+            proc = self._spawn(cmd, cwd, env, log)
+            try:
+                proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+            self._kill(proc)
+            text = _tail(os.path.join(d, "log"), 6000)
+        finally:
+            os.close(log)
+            iso.remove_cgroups(self._cgroups.pop(d, []))
+            shutil.rmtree(d, ignore_errors=True)
+        m = re.search(r"^SELFTEST (\{.*\})$", text, re.M)
+        if not m:
+            raise iso.IsolationError("the sandbox could not run Python and flashlab as an unprivileged user; "
+                                     "its last output:\n  " + "\n  ".join(text.strip().splitlines()[-8:]))
+        facts = json.loads(m.group(1))
+        problems = []
+        if self.mode == "sandbox" and facts.get("uid") == 0:
+            problems.append("it ran as root")
+        if self.mode == "sandbox" and facts.get("flashlab_writable"):
+            problems.append("it could write to flashlab")
+        if self.mode == "sandbox" and facts.get("network"):
+            problems.append("it could reach the network")
+        if problems:
+            raise iso.IsolationError("the sandbox is not isolated: " + ", ".join(problems))
+        return facts
+
+    # -- one notebook ------------------------------------------------------------
+    def grade(self, sub: Submission, slot: int) -> dict:
+        """Grade one notebook; a failure of the grader itself on it is reported in its row, never raised."""
+        try:
+            return self._grade(sub, slot)
+        except Interrupted:
+            raise
+        except Exception as e:
+            if self.stopping:
+                raise Interrupted() from None
+            return {"student": sub.student, "notebook": sub.notebook, "sha256": "", "status": "crashed",
+                    "detail": f"the grader failed on this notebook: {type(e).__name__}: {show(e)[:200]}",
+                    "grades": {}, "notes": [], "seconds": 0.0}
+
+    def _grade(self, sub: Submission, slot: int) -> dict:
+        rec = {"student": sub.student, "notebook": sub.notebook, "sha256": "", "status": "ok", "detail": "",
+               "grades": {}, "notes": [], "seconds": 0.0}
+        start = time.monotonic()
+        try:
+            data = read_submission(sub.path)
+        except (OSError, ValueError) as e:
+            rec.update(status="rejected", detail=f"cannot read: {getattr(e, 'strerror', None) or e}")
+            return rec
+        rec["sha256"] = hashlib.sha256(data).hexdigest()
+        why = check_notebook(data)
+        if why:
+            rec.update(status="rejected", detail=why)
+            return rec
+        d, cmd, cwd, env, listener, log = self._prepare(
+            slot, data, ["{ctl}/submission.ipynb", str(self.cfg.timeout), iso.KERNEL_NAME])
+        run = _Run(start + self.cfg.timeout)
+        proc = None
+        try:
+            proc = self._spawn(cmd, cwd, env, log)
+            timed_out = self._serve(proc, listener, run)
+            code = proc.poll()
+            self._kill(proc)
+            self._drain(listener, run)
+        finally:
+            if proc is not None and proc.poll() is None:
+                self._kill(proc)
+            listener.close()
+            os.close(log)
+            log_tail = _tail(os.path.join(d, "log"), 2000)
+            cgroups = self._cgroups.pop(d, [])
+            hit_memory = iso.cgroup_hit_limit(cgroups)
+            iso.remove_cgroups(cgroups)
+            shutil.rmtree(d, ignore_errors=True)
+        if self.stopping:
+            raise Interrupted()
+        rec["grades"] = run.grades
+        if hit_memory:
+            _note(run, f"reached the memory limit ({self.cfg.limits.memory >> 20} MiB for the whole notebook)")
+        rec["notes"] = run.notes[:20]
+        # the run's status: the clock is the grader's; the rest is the sandbox's own account (advisory)
+        told = run.finished[1] if run.finished else ""
+        if timed_out:
+            rec["status"] = "timed out"
+            rec["detail"] = f"still running after {self.cfg.timeout:.0f} s"
         elif code == 4:
-            row.status, row.detail = "timed out", _last_line(out)
-        elif code == 5:
-            row.status, row.detail = "kernel died", _last_line(out)
+            rec["status"], rec["detail"] = "timed out", told or "a cell ran too long"
         elif code != 0:
-            row.status, row.detail = "error", _last_line(out)
-        if log.exists():
-            for line in log.read_text().splitlines():
-                try:
-                    g = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                row.grades[g["exercise"]] = g  # the last grade() call of an exercise counts
-    row.seconds = time.monotonic() - start
-    return row
+            rec["status"] = "crashed"
+            why = {120: "the sandbox could not be built", 121: "the runner could not start"}.get(code)
+            if code is not None and code > 128:
+                why = why or f"killed by {_signame(code - 128)}"
+            rec["detail"] = why or told or (f"the notebook's runner ended with status {code}: "
+                                            + (_last_line(log_tail) or "no output"))
+        if run.cell_errors:
+            first = run.cell_errors[0]
+            more = f" (+{len(run.cell_errors) - 1} more)" if len(run.cell_errors) > 1 else ""
+            text = f"cell {first[0]}: {first[1]}{more}"
+            if rec["status"] == "ok":
+                rec["status"], rec["detail"] = "cell errors", text
+            else:
+                rec["detail"] += f"; {text}"
+        rec["seconds"] = round(time.monotonic() - start, 1)
+        return rec
+
+    def _serve(self, proc, listener, run) -> bool:
+        """Answer the sandbox's connections until it exits; True if it ran out of time."""
+        import select
+        while True:
+            left = run.deadline - time.monotonic()
+            if self.stopping:
+                return False
+            if left <= 0:
+                return True
+            ready, _, _ = select.select([listener], [], [], min(0.2, left))
+            if ready:
+                conn, _ = listener.accept()
+                with conn:
+                    self._handle(conn, run, serve=True)
+            if proc.poll() is not None:
+                return False
+
+    def _drain(self, listener, run):
+        """After the sandbox is gone: read the reports still waiting (no grading any more)."""
+        listener.setblocking(False)
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, OSError):
+                return
+            with conn:
+                self._handle(conn, run, serve=False)
+
+    def _handle(self, conn, run, serve: bool):
+        run.connections += 1
+        if run.connections > MAX_EVENTS:
+            if run.connections == MAX_EVENTS + 1:
+                run.notes.append(f"more than {MAX_EVENTS} connections: the rest were ignored")
+            return
+        try:
+            header, arrays = P.recv(conn, min(run.deadline, time.monotonic() + 10), max_total=1 << 20)
+        except P.ProtocolError as e:
+            _note(run, f"a connection broke the protocol ({e})")
+            return
+        op = header.get("op")
+        if op == "event":
+            kind = header.get("kind")
+            if kind == "cell_error" and len(run.cell_errors) < 50:
+                cell = header.get("cell")
+                run.cell_errors.append((cell if type(cell) is int else "?", show(header.get("error", ""))[:300]))
+            elif kind == "finished" and run.finished is None:
+                status = header.get("status")
+                if status in ("ok", "timed out", "crashed"):
+                    run.finished = (status, show(header.get("detail", ""))[:300])
+        elif op == "grade" and serve:
+            self._grade_exercise(conn, header, run)
+        elif op == "grade":
+            _note(run, "a grade() call came after the notebook stopped: not graded")
+        else:
+            _note(run, f"unknown request {show(op)[:40]!r}")
+
+    def _grade_exercise(self, conn, header, run):
+        from . import core
+        from .sandbox import Outcome
+        name = header.get("exercise")
+        total = sum(run.calls.values())
+        if not isinstance(name, str) or name not in self.exercises:
+            _note(run, f"grade() of an unknown exercise {show(name)[:60]!r}")
+            _send_quiet(conn, {"op": "error", "message": "unknown exercise"})
+            return
+        if total >= MAX_CALLS:
+            _note(run, f"more than {MAX_CALLS} grade() calls: the rest were not graded")
+            _send_quiet(conn, {"op": "error", "message": "too many grade() calls"})
+            return
+        if self.cfg.exercises and name not in self.cfg.exercises:
+            _note(run, f"grade({name!r}) is not part of this assignment: ignored")
+            _send_quiet(conn, {"op": "done", "note": "not part of this assignment"})
+            return
+        run.calls[name] = run.calls.get(name, 0) + 1
+        ex = self.exercises[name]
+        dead = []
+
+        def remote(kind, case):
+            if kind != "run":
+                return Outcome("ok", None)          # the heatmap probe: not needed for a verdict
+            if dead:
+                return Outcome("error", error=dead[0])
+            arrays = []
+            try:
+                inputs = P.pack(case.inputs, arrays)
+                P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
+                              "visible": case.visible, "large": case.large}, arrays,
+                       timeout=max(1.0, run.deadline - time.monotonic()))
+                reply, out_arrays = P.recv(conn, min(run.deadline, time.monotonic() + ex.timeout + 30),
+                                           max_total=MAX_OUTPUT)
+                status = reply.get("status")
+                if reply.get("op") != "outcome" or status not in ("ok", "error", "not implemented", "crash",
+                                                                   "timeout"):
+                    raise P.ProtocolError("not an outcome")
+                value = P.unpack(reply.get("value"), out_arrays)
+                if status == "ok" and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
+                    raise P.ProtocolError("the outputs are not a dict of named arrays")
+                return Outcome(status, value if status == "ok" else None, show(reply.get("error", ""))[:4000])
+            except P.PeerTimeout:
+                dead.append("the notebook did not answer in time")
+                return Outcome("timeout", error=dead[0])
+            except (P.ProtocolError, OSError) as e:
+                dead.append(f"the answer could not be collected ({e})")
+                return Outcome("error", error=dead[0])
+
+        try:
+            verdict = verdict_of(core.grade(ex, None, seed=None, execute=remote))
+        except Exception as e:     # a hostile output that breaks the comparison is an error, never a pass
+            verdict = {"status": "error", "cases_passed": 0, "cases": 0,
+                       "message": f"the grader could not check the outputs ({type(e).__name__})"}
+        run.grades[name] = verdict           # the last call of an exercise counts
+        if not dead:
+            _send_quiet(conn, {"op": "done"})
+
+    def close(self):
+        self.kill_all()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+WORK_PREFIX = "flashlab-batch-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale():
+    """What a grader killed with SIGKILL left behind (its work folder, its cgroups): removed once its
+    process is gone."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
+        m = re.fullmatch(re.escape(WORK_PREFIX) + r"(\d+)-\w+", name)
+        path = os.path.join(tmp, name)
+        if m and not _pid_alive(int(m.group(1))) and os.path.isdir(path) and not os.path.islink(path) \
+                and os.lstat(path).st_uid == os.geteuid():
+            shutil.rmtree(path, ignore_errors=True)
+    for ctrl in ("memory", "pids"):
+        base = iso._cgroup_v1_base(ctrl)
+        if base is None:
+            continue
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        stale = [os.path.join(base, n) for n in names
+                 if (m := re.fullmatch(r"flashlab-(\d+)-\w+", n)) and not _pid_alive(int(m.group(1)))]
+        iso.remove_cgroups(stale)
+
+
+def _note(run, text):
+    if len(run.notes) < 50:
+        run.notes.append(text)
+
+
+def _send_quiet(conn, header):
+    try:
+        P.send(conn, header, timeout=5)
+    except (OSError, P.ProtocolError):
+        pass
+
+
+def _signame(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def _children(pid: int) -> list:
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def _tail(path: str, n: int) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - n))
+        return f.read(n).decode("utf-8", "replace")
 
 
 def _last_line(text: str) -> str:
     lines = [l for l in (text or "").strip().splitlines() if l.strip()]
-    return lines[-1][:200] if lines else ""
+    return show(lines[-1])[:200] if lines else ""
 
 
-def _execute(path: str, timeout: float) -> int:
-    """Child process: run one notebook; exit 0 ok, 3 not a notebook, 4 timeout, 5 kernel died."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as e:
-        print(f"cannot read the notebook: {type(e).__name__}: {str(e).splitlines()[0][:150]}")
-        return 3
-    client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": os.path.dirname(path)}})
-    try:
-        client.execute()
-    except CellTimeoutError:
-        print(f"a cell ran longer than {timeout:.0f} s")
-        return 4
-    except DeadKernelError as e:
-        print(f"the kernel died: {str(e).splitlines()[0][:150]}")
-        return 5
-    return 0
+# ----------------------------------------------------------------------------
+# the whole class
+# ----------------------------------------------------------------------------
+
+def _load_results(out: OutDir) -> dict:
+    done = {}
+    for line in out.read(RESULTS).splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue                        # a line cut short by a kill
+        if isinstance(r, dict) and {"student", "notebook", "sha256", "status", "grades"} <= set(r):
+            done[(r["notebook"], r["sha256"])] = r
+    return done
 
 
-def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = True):
+def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = True, *,
+              isolation: str = "auto", jobs: int = 1, resume: bool = False, student_pattern=None,
+              exercises=None, limits: iso.Limits | None = None, log=None):
+    """Grade every notebook under ``paths``; returns the student rows (also written to ``out_dir``)."""
     from tqdm.auto import tqdm
-    notebooks = find_notebooks(paths)
-    rows = []
-    for nb in tqdm(notebooks, desc="grading", unit="notebook", disable=not progress):
-        row = grade_one(nb, timeout)
-        row.student = _student_name(nb, paths)
-        rows.append(row)
-    write_table(rows, out_dir)
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    cfg = Config(timeout=timeout, isolation=isolation, jobs=max(1, int(jobs)), exercises=exercises,
+                 limits=limits or iso.Limits())
+    subs, skipped = discover(paths, student_pattern)
+    out = OutDir(out_dir)
+    grader = Grader(cfg)
+    if grader.mode == "weak":
+        log("WARNING: weak isolation: student code runs as you, can read and change your files and use the "
+            "network, and a process it detaches can outlive the run. Grade untrusted notebooks as root "
+            "(sandbox) or in a container per submission.")
+    done = _load_results(out) if resume else {}
+    records, todo = [], []
+    for s in subs:
+        try:
+            key = (s.notebook, hashlib.sha256(read_submission(s.path)).hexdigest())
+        except (OSError, ValueError):
+            key = None
+        if key in done:
+            records.append(done[key])
+        else:
+            todo.append(s)
+    out.open_append(RESULTS, fresh=not resume)
+    header = (f"flashlab batch grading, {time.strftime('%Y-%m-%d %H:%M:%S')}; isolation: {grader.describe()}; "
+              f"{len(subs)} notebooks ({len(subs) - len(todo)} kept from an earlier run), {len(skipped)} files skipped")
+    lock = threading.Lock()
+
+    def write_tables():
+        rows = student_rows(records, exercises)
+        out.replace(CSV_NAME, format_csv(rows, exercises))
+        out.replace(SUMMARY, format_summary(rows, skipped, exercises, header))
+        return rows
+
+    def finish(rec):
+        with lock:
+            out.append_line(json.dumps(rec, ensure_ascii=True))
+            records.append(rec)
+            write_tables()
+
+    previous = {}
+
+    def on_signal(signum, frame):
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)     # a second Ctrl-C must not cut the clean-up short
+        grader.stopping = True
+        grader.kill_all()
+        raise Interrupted()
+
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    bar = tqdm(total=len(todo), desc="grading", unit="notebook", disable=not progress, file=sys.stderr)
+    interrupted = False
+    try:
+        if todo:
+            grader.selftest()
+        if cfg.jobs == 1:
+            for s in todo:
+                finish(grader.grade(s, 0))
+                bar.update(1)
+        else:
+            free = list(range(cfg.jobs))
+            with ThreadPoolExecutor(cfg.jobs) as pool:
+                pending, queue = {}, list(todo)
+                try:
+                    while queue or pending:
+                        while queue and free:
+                            slot = free.pop()
+                            pending[pool.submit(grader.grade, queue.pop(0), slot)] = slot
+                        finished, _ = wait(list(pending), timeout=0.5, return_when=FIRST_COMPLETED)
+                        for f in finished:
+                            free.append(pending.pop(f))
+                            finish(f.result())
+                            bar.update(1)
+                except BaseException:
+                    grader.stopping = True
+                    grader.kill_all()
+                    raise
+    except (Interrupted, KeyboardInterrupt):
+        interrupted = True
+    finally:
+        bar.close()
+        if main:
+            for sig, h in previous.items():
+                signal.signal(sig, h)
+        grader.close()
+        rows = write_tables()
+        out.close()
+    if interrupted:
+        log(f"interrupted: {len(records)} of {len(subs)} notebooks graded; "
+            f"run again with --resume to finish")
+        raise KeyboardInterrupt
     return rows
-
-
-def exercise_columns(rows) -> list:
-    cols = []
-    for r in rows:
-        for name in r.grades:
-            if name not in cols:
-                cols.append(name)
-    return cols
-
-
-def write_table(rows, out_dir) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cols = exercise_columns(rows)
-    with open(out / "grades.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["student", "notebook", "run"] + cols + ["passed", "detail"])
-        for r in rows:
-            w.writerow([r.student, r.path, r.status] + [r.grades.get(c, {}).get("status", "-") for c in cols]
-                       + [sum(g["status"] == "pass" for g in r.grades.values()), r.detail])
-    (out / "summary.txt").write_text(format_summary(rows))
-
-
-def format_summary(rows) -> str:
-    cols = exercise_columns(rows)
-    short = {"pass": "pass", "fail": "FAIL", "not implemented": "todo", "error": "ERR", "-": "-"}
-    w = max([len("student")] + [len(r.student) for r in rows])
-    widths = [max(len(c), 5) for c in cols]
-    lines = ["  ".join([f"{'student':<{w}}", f"{'run':<14}"] + [f"{c:<{cw}}" for c, cw in zip(cols, widths)])]
-    for r in rows:
-        cells = [f"{short.get(r.grades.get(c, {}).get('status', '-'), '?'):<{cw}}" for c, cw in zip(cols, widths)]
-        lines.append("  ".join([f"{r.student:<{w}}", f"{r.status:<14}"] + cells))
-    problems = [r for r in rows if r.status != "ok"]
-    if problems:
-        lines.append("")
-        lines += [f"{r.student}: {r.status} ({r.detail})" for r in problems]
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    sys.exit(_execute(sys.argv[1], float(sys.argv[2])))

@@ -1,0 +1,447 @@
+"""A hostile class, graded to the end: every forged verdict is FAIL, nothing outside a sandbox changes,
+no student process outlives the run, and a killed grader leaves its rows for --resume.
+
+Each attack notebook answers correctly ONLY IF its attack worked (the correct answer comes from
+flashlab.reference): so every "FAIL" below is the proof that an attack failed.  The sandbox needs
+root (as in CI); elsewhere these tests are skipped.
+"""
+import csv
+import hashlib
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import flashlab
+from flashlab.grader import batch
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = Path(flashlab.__file__).resolve().parent
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
+                                reason="the batch sandbox needs root on Linux (CI runs as root)")
+pytestmark = [needs_root, pytest.mark.notebook]
+
+HEAD = """import os, sys, numpy as np
+from flashlab import reference as R
+from flashlab.grader import grade
+WRONG = lambda x, b: np.exp(x) / np.exp(x).sum(1, keepdims=True)   # no max subtraction: fails large logits
+def pick(worked, right, wrong):
+    return right if worked else wrong
+"""
+
+
+def _nb(path, cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(nbformat.writes(nb))
+
+
+def _tree_hash(path: Path) -> dict:
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _snapshot(path: Path) -> dict:
+    out = {}
+    for dirpath, dirs, files in os.walk(os.fsencode(path)):
+        for n in dirs + files:
+            p = os.path.join(dirpath, n)
+            st = os.lstat(p)
+            out[p] = (st.st_mode, os.readlink(p) if os.path.islink(p) else
+                      (open(p, "rb").read() if os.path.isfile(p) and not os.path.islink(p) else None))
+    return out
+
+
+def _alive(marker: str) -> list:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def _sandbox_processes() -> list:
+    """Processes running as a sandbox uid (they exist only while a submission runs)."""
+    from flashlab.grader.isolation import UID_BASE
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                uid = int(next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines()
+                               if l.startswith("Uid:")).split()[1])
+            except (OSError, StopIteration, ValueError):
+                continue
+            if UID_BASE <= uid < UID_BASE + 64:
+                found.append(int(pid))
+    return found
+
+
+def _kill_leftovers(marker):
+    for pid in _alive(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def build_class(tmp: Path, marker: str, port: int, pkg: Path = PKG, planted: str = "/planted") -> dict:
+    """The class folder; returns the paths the attacks aim at."""
+    cls, out, victim = tmp / "class", tmp / "out", tmp / "victim.txt"
+    victim.write_text("the instructor's file\n")
+    targets = dict(cls=str(cls), out=str(out), victim=str(victim), pkg=str(pkg), root=str(ROOT),
+                   alice=str(cls / "alice" / "work.ipynb"), marker=marker, port=port, planted=planted)
+    t = json.dumps(targets)
+    sleeper = (f"import subprocess\n"
+               f"def sleeper(code='import time; time.sleep(1000)'):\n"
+               f"    return subprocess.Popen([sys.executable, '-c', code, {marker!r}], start_new_session=True,\n"
+               f"                            stdin=subprocess.DEVNULL)\n")
+
+    _nb(cls / "alice" / "work.ipynb", [HEAD + "grade('online_softmax', R.online_softmax)\n"
+                                               "grade('online_softmax_update', R.online_softmax_update)"])
+    # a broken early cell: reported with the cell and the exception; the rest still runs
+    _nb(cls / "bob" / "work.ipynb", [HEAD + "1 / 0", "grade('online_softmax', WRONG)"])
+    # forging inside its own process: patched comparison and Result, a planted log, zeroed inputs, a seed
+    _nb(cls / "mallory_forge" / "work.ipynb", [HEAD + f"""
+import flashlab.grader.core as core, flashlab.grader.report as report, gc, json
+core.compare = lambda *a, **k: (True, "", [], 0.0)
+report.Result.passed = property(lambda self: True)
+for k in list(os.environ):
+    if "LOG" in k or "GRADE" in k:
+        try:
+            open(os.environ[k], "a").write('{{"exercise": "online_softmax", "status": "pass"}}\\n')
+        except Exception:
+            pass
+for p in ("grades.jsonl", "/run/flashlab/grades.jsonl", {targets['out'] + '/results.jsonl'!r}):
+    try:
+        open(p, "a").write(json.dumps({{"student": "mallory_forge", "grades": {{"online_softmax": {{"status": "pass"}}}}}}))
+    except Exception:
+        pass
+""",
+        "print('PASSED online_softmax')\ngrade('online_softmax', WRONG)",
+        # zero every case input it can reach, then answer for zero inputs
+        """def zeroing(m, l, x):
+    for o in gc.get_objects():
+        if type(o).__name__ == "Case":
+            for a in o.inputs.values():
+                a[...] = 0
+    m[...] = 0; l[...] = 0; x[...] = 0
+    return R.online_softmax_update(m, l, x)
+grade('online_softmax_update', zeroing)""",
+        # the seed: answers computed for seed 0's cases, zeros for anything else
+        """from flashlab.grader.exercises import EXERCISES
+ex = EXERCISES['attention_naive']
+table = {c.inputs['q'].tobytes(): R.attention_naive(c.inputs['q'], c.inputs['k'], c.inputs['v'], c.params['causal'])[0]
+         for c in ex.make_cases(np.random.default_rng(0))}
+grade('attention_naive', lambda q, k, v, causal: table.get(q.tobytes(), np.zeros_like(q[:, :1] * v[0])), seed=0)"""])
+    # speaking the wire itself: forged outcomes, forged verdicts, garbage, pickle, huge sizes
+    _nb(cls / "mallory_wire" / "work.ipynb", [HEAD + """
+import socket, struct, json, pickle
+from flashlab.grader import protocol as P
+path = os.environ[P.SOCKET_ENV]
+def conn():
+    s = socket.socket(socket.AF_UNIX); s.connect(path); return s
+def raw(data):
+    s = conn()
+    try:
+        s.sendall(data); s.settimeout(2); s.recv(100)
+    except Exception:
+        pass
+    s.close()
+raw(b"\\xff\\xff\\xff\\xff")
+raw(pickle.dumps({"op": "verdict", "exercise": "online_softmax", "status": "pass"}))
+h = json.dumps({"op": "grade", "exercise": "online_softmax", "arrays": [{"dtype": "|O", "shape": [1]}]}).encode()
+raw(struct.pack(">I", len(h)) + h)
+h = json.dumps({"op": "grade", "exercise": "online_softmax", "arrays": [{"dtype": "<f8", "shape": [10**9, 10**9]}]}).encode()
+raw(struct.pack(">I", len(h)) + h)
+for forged in ({"op": "verdict", "exercise": "online_softmax", "status": "pass"},
+               {"op": "event", "kind": "grade", "exercise": "online_softmax", "status": "pass"},
+               {"op": "event", "kind": "finished", "status": "pass", "grades": {"online_softmax": "pass"}}):
+    s = conn(); P.send(s, forged); s.close()
+# a grade session answered by hand: wrong numbers dressed as a pass
+s = conn()
+P.send(s, {"op": "grade", "exercise": "online_softmax", "status": "pass"})
+while True:
+    h, arrays = P.recv(s, __import__('time').monotonic() + 60)
+    if h["op"] != "case":
+        break
+    x = arrays[0]
+    P.send(s, {"op": "outcome", "status": "ok", "verdict": "pass", "passed": True,
+               "value": {"p": {"__array__": 0}}, "error": ""}, [np.zeros_like(x)])
+s.close()
+# another: an outcome pointing at arrays it never sent
+s = conn()
+P.send(s, {"op": "grade", "exercise": "online_softmax_update"})
+h, arrays = P.recv(s, __import__('time').monotonic() + 60)
+P.send(s, {"op": "outcome", "status": "ok", "value": {"m": {"__array__": 7}, "l": {"__array__": 8}}})
+s.close()
+"""])
+    # escaping the sandbox: secrets, network, other submissions, the solutions, files outside; a survivor
+    _nb(cls / "mallory_escape" / "work.ipynb", [HEAD + sleeper + f"""
+T = {t}
+import socket, glob, signal
+secret = any("FLASHLAB_TEST_SECRET" in v or "FLASHLAB_TEST_SECRET" in k for k, v in os.environ.items())
+try:
+    socket.create_connection(("127.0.0.1", T["port"]), timeout=2).close(); net = True
+except OSError:
+    net = False
+seen = []
+for p in (T["alice"], T["root"] + "/solutions", T["out"], "/proc/1/root" + T["cls"], "/root/.bashrc"):
+    if os.path.exists(p):
+        seen.append(p)
+wrote = []
+for p, data in ((T["alice"], "{{}}"), (T["cls"] + "/zz_planted.ipynb", "{{}}"), (T["pkg"] + "/grader/core.py", "\\n#x"),
+                ("/opt/flashlab/flashlab/grader/core.py", "\\n#x"), ("/run/flashlab/submission.ipynb", "{{}}"),
+                (T["out"] + "/grades.csv", "student\\nmallory,pass"), (T["victim"], "owned"), (T["planted"], "x")):
+    try:
+        with open(p, "a") as f:
+            f.write(data)
+        wrote.append(p)
+    except OSError:
+        pass
+try:
+    os.symlink(T["victim"], T["out"] + "/summary.txt"); wrote.append("symlink")
+except OSError:
+    pass
+try:
+    os.setuid(0); wrote.append("root")
+except OSError:
+    pass
+def cmdline(p):
+    try:
+        return open(f"/proc/{{p}}/cmdline", "rb").read()
+    except OSError:
+        return b""
+others = [p for p in os.listdir("/proc") if p.isdigit() and b"pytest" in cmdline(p)]
+# a detached process that retries every write after the run, then lingers
+sleeper("import time, os\\ntime.sleep(2)\\n" + "".join(
+    f"\\ntry:\\n    open({{p!r}}, 'a').write('late')\\nexcept OSError:\\n    pass" for p in (T["alice"], T["out"] + "/grades.csv", T["victim"]))
+    + "\\ntime.sleep(1000)")
+print(secret, net, seen, wrote, others)
+""",
+        "grade('online_softmax', pick(secret, R.online_softmax, WRONG))",
+        "grade('online_softmax_update', pick(net, R.online_softmax_update, lambda m, l, x: (m, l)))",
+        "grade('attention_naive', pick(seen or wrote or others, lambda q, k, v, c: R.attention_naive(q, k, v, c)[0],"
+        " lambda q, k, v, c: v[:q.shape[0]] * 0))"])
+    # resources: a fork bomb, a memory hog, a huge file, a process holding stdout open; right answer
+    _nb(cls / "dave" / "work.ipynb", [HEAD + sleeper + """
+holder = sleeper()                                   # keeps the kernel's stdout open after the run
+kids = 0
+try:
+    for _ in range(2000):                            # a fork bomb, held back by the process limit
+        if os.fork() == 0:
+            import time
+            time.sleep(1000)
+            os._exit(0)
+        kids += 1
+except OSError as e:
+    print("forks:", kids, e)
+""", "grade('online_softmax', R.online_softmax)", "hog = bytearray(16 << 30)",
+        "with open('big', 'wb') as f:\n    for _ in range(1024):\n        f.write(b'x' * (1 << 20))"])
+    # a gigabyte to the kernel's stdout, after a right answer
+    _nb(cls / "frank" / "work.ipynb", [HEAD + "grade('online_softmax', R.online_softmax)",
+                                       "block = b'x' * (1 << 20)\nfor _ in range(1024):\n    os.write(1, block)",
+                                       "print('y' * (64 << 20))"])
+    # kill everything it can, after a right answer
+    _nb(cls / "gina" / "work.ipynb", [HEAD + "grade('online_softmax', R.online_softmax)",
+                                      "import signal\nos.kill(-1, signal.SIGKILL)"])
+    # one student, two notebooks; in the first, the last of two calls counts
+    _nb(cls / "henry" / "a.ipynb", [HEAD + "grade('online_softmax', R.online_softmax)\ngrade('online_softmax', WRONG)"])
+    _nb(cls / "henry" / "b.ipynb", [HEAD + "grade('online_softmax', R.online_softmax)"])
+    # reporting: names, cases, links, special files
+    light = ["x = 1"]
+    _nb(cls / '=HYPERLINK("evil.example","click").ipynb', light)
+    _nb(cls / "new\nline.ipynb", light)
+    _nb(cls / "LOUD.IPYNB", light)
+    bad = os.fsencode(cls) + b"/caf\xe9.ipynb"
+    with open(bad, "w") as f:
+        f.write(nbformat.writes(nbformat.v4.new_notebook()))
+    (cls / "erin.ipynb").write_text("{ this is not json")
+    (cls / "readme.txt").write_text("hello")
+    os.symlink(cls / "alice" / "work.ipynb", cls / "zed.ipynb")
+    os.symlink("/etc/passwd", cls / "sys.ipynb")
+    os.mkfifo(cls / "fifo.ipynb")
+    # the output folder comes with links planted where the tables go
+    out.mkdir()
+    for name in ("summary.txt", "grades.csv"):
+        os.symlink(victim, out / name)
+    return targets
+
+
+def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
+    marker = f"flashlab-attack-{os.getpid()}-{time.time_ns()}"
+    monkeypatch.setenv("FLASHLAB_TEST_SECRET", "token-123")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    try:
+        t = build_class(tmp_path, marker, server.getsockname()[1])
+        cls, out = Path(t["cls"]), Path(t["out"])
+        before, pkg_before = _snapshot(cls), _tree_hash(PKG)
+        start = time.monotonic()
+        rows = batch.grade_all([cls], out, timeout=60, progress=False, jobs=2)
+        took = time.monotonic() - start
+        assert not _alive(marker), "a student process outlived the run"
+        assert not _sandbox_processes(), "a student process outlived the run"
+        from flashlab.grader import isolation
+        for ctrl in ("memory", "pids"):
+            base = isolation._cgroup_v1_base(ctrl)
+            assert not base or not [n for n in os.listdir(base) if n.startswith(f"flashlab-{os.getpid()}-")]
+        time.sleep(3)                                    # what a survivor would do after the run
+        assert _snapshot(cls) == before, "a submission was modified or planted"
+        assert _tree_hash(PKG) == pkg_before, "flashlab was modified"
+        assert Path(t["victim"]).read_text() == "the instructor's file\n"
+        assert not (out / "summary.txt").is_symlink() and not (out / "grades.csv").is_symlink()
+    finally:
+        server.close()
+        _kill_leftovers(marker)
+    by = {r.student: r for r in rows}
+    v = lambda who, ex: by[who].grades.get(ex, {}).get("status", "missing")  # noqa: E731
+    assert v("alice", "online_softmax") == "pass" and v("alice", "online_softmax_update") == "pass"
+    assert by["alice"].status == "ok"
+    assert v("bob", "online_softmax") == "fail" and by["bob"].status == "cell errors"
+    assert "cell 1: ZeroDivisionError: division by zero" in by["bob"].detail
+    for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
+        assert v("mallory_forge", ex) == "fail", ex
+    assert v("mallory_wire", "online_softmax") == "fail"
+    assert v("mallory_wire", "online_softmax_update") == "error"
+    for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
+        assert v("mallory_escape", ex) == "fail", ex
+    assert v("dave", "online_softmax") == "pass" and by["dave"].status == "cell errors"   # not "timed out"
+    assert "MemoryError" in by["dave"].detail
+    assert v("frank", "online_softmax") == "pass" and by["frank"].status in ("timed out", "cell errors", "ok")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 3 << 20, "the grader's memory blew up"
+    assert v("gina", "online_softmax") == "pass" and by["gina"].status == "crashed"
+    assert v("henry", "online_softmax") == "fail" and any("worst counts" in n for n in by["henry"].notes)
+    # reporting
+    records = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()]
+    henry = {r["notebook"]: r["grades"]["online_softmax"]["status"] for r in records if r["student"] == "henry"}
+    assert henry == {"class/henry/a.ipynb": "fail", "class/henry/b.ipynb": "pass"}     # the last call counts
+    assert {"LOUD", '=HYPERLINK("evil.example","click")', "new\nline", "caf\udce9"} <= set(by)
+    assert by["erin"].status == "rejected" and "not a notebook" in by["erin"].detail
+    assert "zed" not in by and "sys" not in by and "fifo" not in by
+    summary = (out / "summary.txt").read_text()
+    for name, why in (("zed.ipynb", "symbolic link"), ("sys.ipynb", "symbolic link"), ("fifo.ipynb", "not a regular"),
+                      ("readme.txt", "not a notebook")):
+        assert any(name in l and why in l for l in summary.splitlines()), name
+    assert "/etc/passwd" not in summary and "root:" not in summary
+    assert "new\\nline" in summary and "caf\\xe9" in summary
+    assert not any(l.startswith("line ") for l in summary.splitlines())
+    table = list(csv.reader(open(out / "grades.csv", newline="")))
+    cells = [c for row in table for c in row]
+    assert not any(c[:1] in "=+-@" for c in cells if c), "a CSV cell would be a formula"
+    assert any(c.startswith("'=HYPERLINK") for c in cells)
+    for section in ("Failed:", "Crashed:", "Rejected:", "Skipped files"):
+        assert section in summary
+    print(f"graded {len(records)} notebooks in {took:.0f} s")
+
+
+def test_the_attacks_are_real_without_the_sandbox(tmp_path):
+    """The escape notebook, graded with --isolation weak against a copy of flashlab: there its attacks
+    work (so the FAILs above are the sandbox's doing, not broken attacks)."""
+    import shutil
+    marker = f"flashlab-weak-{os.getpid()}-{time.time_ns()}"
+    pkg = tmp_path / "pkg-copy"
+    shutil.copytree(PKG, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    try:
+        t = build_class(tmp_path, marker, server.getsockname()[1], pkg=pkg, planted=str(tmp_path / "planted"))
+        only = tmp_path / "only"
+        shutil.copytree(tmp_path / "class" / "mallory_escape", only / "mallory_escape")
+        (row,) = batch.grade_all([only], tmp_path / "out-weak", timeout=120, progress=False, isolation="weak")
+        time.sleep(3)
+        assert row.grades["online_softmax_update"]["status"] == "pass"      # the network was reachable
+        assert row.grades["attention_naive"]["status"] == "pass"            # files outside were writable
+        assert "owned" in Path(t["victim"]).read_text() and (pkg / "grader" / "core.py").read_text().endswith("#x")
+        assert _alive(marker), "in weak mode a detached process survives (that is why it is weak)"
+    finally:
+        server.close()
+        _kill_leftovers(marker)
+
+
+LIGHT = "import time, subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)', {m!r}], " \
+        "start_new_session=True)\ntime.sleep({s})"
+
+
+def test_killed_grader_keeps_its_rows_and_resume_finishes(tmp_path):
+    marker = f"flashlab-resume-{os.getpid()}-{time.time_ns()}"
+    cls, out = tmp_path / "class", tmp_path / "out"
+    for i in range(4):
+        _nb(cls / f"s{i}.ipynb", [LIGHT.format(m=marker, s=1)])
+    _nb(cls / "slow.ipynb", [LIGHT.format(m=marker, s=1000)])       # times out
+    cmd = [sys.executable, "-m", "flashlab", "grade", str(cls), "--out", str(out), "--timeout", "12", "--quiet"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    results = out / "results.jsonl"
+
+    def lines():
+        return results.read_text().splitlines() if results.exists() else []
+
+    pids = []
+
+    def run_until(n_lines, sig, extra=()):
+        p = subprocess.Popen(cmd + list(extra), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 240
+        while len(lines()) < n_lines and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)                                  # the next notebook is running now
+        p.send_signal(sig)
+        pids.append(p.pid)
+        return p.wait(timeout=60), p.stdout.read().decode()
+
+    try:
+        code, text = run_until(1, signal.SIGTERM)
+        assert code == 130, text
+        first = lines()
+        assert len(first) >= 1 and "grades.csv" in os.listdir(out)
+        time.sleep(0.5)
+        assert not _alive(marker), "a student process outlived SIGTERM"
+        code, text = run_until(len(first) + 1, signal.SIGKILL, ["--resume"])
+        second = lines()
+        assert len(second) > len(first)
+        time.sleep(1.0)
+        assert not _alive(marker), "a student process outlived the grader's SIGKILL"
+        done = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # what the killed graders left (work folders, cgroups) is gone once a later run starts
+        import tempfile
+        from flashlab.grader import isolation
+        left = os.listdir(tempfile.gettempdir())
+        for ctrl in ("memory", "pids"):
+            base = isolation._cgroup_v1_base(ctrl)
+            left += os.listdir(base) if base else []
+        assert not [n for n in left for pid in pids if n.startswith((f"flashlab-batch-{pid}-", f"flashlab-{pid}-"))]
+    finally:
+        _kill_leftovers(marker)
+    records = [json.loads(l) for l in lines()]
+    graded = [r["notebook"] for r in records]
+    assert sorted(set(graded)) == sorted(f"class/{n}.ipynb" for n in ("s0", "s1", "s2", "s3", "slow"))
+    assert len(graded) == len(set(graded)), "--resume graded a notebook twice"
+    slow = next(r for r in records if r["notebook"] == "class/slow.ipynb")
+    assert slow["status"] == "timed out"
+    table = list(csv.DictReader(open(out / "grades.csv", newline="")))
+    assert sorted(r["student"] for r in table) == ["s0", "s1", "s2", "s3", "slow"]
+
+
+def test_no_reachable_interpreter_fails_loudly(tmp_path, monkeypatch):
+    """The trap: an interpreter the sandbox's user cannot reach (here: not mounted at all, as when
+    Python lives under a 0700 home) must stop the run with the reason, never fall back to root."""
+    from flashlab.grader import isolation
+    monkeypatch.setattr(isolation, "python_trees", lambda: [])
+    _nb(tmp_path / "class" / "a.ipynb", ["x = 1"])
+    with pytest.raises(isolation.IsolationError, match="could not run Python"):
+        batch.grade_all([tmp_path / "class"], tmp_path / "out", timeout=30, progress=False)
