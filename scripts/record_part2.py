@@ -109,12 +109,13 @@ def regs_section():
     k = primer.softmax_kernel[(64,)](x, y, 4096, *x.stride(), *y.stride(), BLOCK_N=4096, num_warps=8)
     out["softmax_kernel (BLOCK_N=4096, 8 warps)"] = _regs(k)
     from flashlab.kernels import forward_config
-    from flashlab.kernels.forward import LOG2E, flash_fwd_kernel
+    from flashlab.kernels.common import LOG2E
+    from flashlab.kernels.forward import flash_fwd_kernel
     for d in (64, 128):
         q = torch.randn(1, 16, 4096, d, device="cuda", dtype=torch.float16)
         o, lse = torch.empty_like(q), torch.empty(1, 16, 4096, device="cuda")
         cfg = forward_config(d, q.dtype)
-        k = flash_fwd_kernel[(triton.cdiv(4096, cfg.block_m), 16)](
+        k = flash_fwd_kernel[(triton.cdiv(4096, cfg.block_m) * 16,)](   # 1-D grid: Q tiles x (B*H)
             q, q, q, o, lse, *q.stride(), *q.stride(), *q.stride(), *o.stride(), *lse.stride(),
             16, 4096, 4096, LOG2E / math.sqrt(d), CAUSAL=False, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             HEAD_DIM=d, DOT_PRECISION="ieee", num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -2,7 +2,7 @@
 no student process outlives the run, and a killed grader leaves its rows for --resume.
 
 Each attack notebook answers correctly ONLY IF its attack worked (the correct answer comes from
-flashlab.reference): so every "FAIL" below is the proof that an attack failed.  The sandbox needs
+the student's own code in HEAD): so every "FAIL" below is the proof that an attack failed.  The sandbox needs
 root (as in CI); elsewhere these tests are skipped.
 """
 import csv
@@ -30,8 +30,26 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux",
 pytestmark = [needs_root, pytest.mark.notebook]
 
 HEAD = """import os, sys, numpy as np
-from flashlab import reference as R
 from flashlab.grader import grade
+class R:   # right answers in the student's own code (the grader refuses flashlab's references as answers)
+    @staticmethod
+    def online_softmax_update(m, l, x):
+        m_new = np.maximum(m, x.max(1))
+        return m_new, np.exp(m - m_new) * l + np.exp(x - m_new[:, None]).sum(1)
+    @staticmethod
+    def online_softmax(x, b):
+        m, l = np.full(len(x), -np.inf), np.zeros(len(x))
+        for j in range(0, x.shape[1], b):
+            m, l = R.online_softmax_update(m, l, x[:, j:j + b])
+        return np.exp(x - m[:, None]) / l[:, None]
+    @staticmethod
+    def attention_naive(q, k, v, causal):
+        s = q @ k.T / np.sqrt(q.shape[1])
+        if causal:
+            s = np.where(np.tril(np.ones(s.shape, bool)), s, -np.inf)
+        m = s.max(1, keepdims=True)
+        p = np.exp(s - m)
+        return p / p.sum(1, keepdims=True) @ v, (m[:, 0] + np.log(p.sum(1)))
 WRONG = lambda x, b: np.exp(x) / np.exp(x).sum(1, keepdims=True)   # no max subtraction: fails large logits
 def pick(worked, right, wrong):
     return right if worked else wrong

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.bounds import causal_tile_ranges
 from .core import Bug, Case, Exercise
+
+
+def causal_tile_ranges(*args):
+    """flashlab.kernels.bounds.causal_tile_ranges, imported when used (flashlab.kernels needs Triton;
+    the exercise list must load without it)."""
+    from ..kernels.bounds import causal_tile_ranges as ranges
+    return ranges(*args)
+
 
 CONTRACT = ("f(start_m, block_m, block_n, nq, nk) -> (unmasked_end, end). Python ints. For the causal Q tile "
             "start_m (rows start_m*block_m ... (start_m+1)*block_m - 1): keys [0, unmasked_end) are whole, full "

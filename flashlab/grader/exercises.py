@@ -19,7 +19,7 @@ from .. import device
 from .. import reference as R
 from . import bugs as B
 from . import requirements as Rq
-from . import ex_primer
+from . import ex_causal, ex_primer
 from . import kernel_bugs as KB
 from . import bugs_backward as BB
 from .core import Bug, Case, Exercise
@@ -651,7 +651,11 @@ def _bwd_tol(case, name, ref):
     the float32 rounding of L_i, |L_i| 2^-24 (visible only when |S| is in the hundreds)."""
     lse_max = float(case.inputs["lse"].abs().max()) if "lse" in case.inputs else 0.0
     mag = max(1.0, float(np.nanmax(np.abs(np.where(np.isfinite(ref), ref, 0)))))
-    return _kernel_tol(case, name, ref) + 4 * lse_max * 2.0**-24 * mag
+    # half precision with large logits: P and dS are rounded to 16 bits before the dK/dQ products, and a
+    # row's few dominant probabilities carry that rounding whole (the canonical kernel reached 1.7e-2 of the
+    # largest |dK| on about one draw in 30 at |S| ~ 100): twice the kernel tolerance there
+    widen = 2.0 if case.large and case.params["dtype"] in ("fp16", "bf16") else 1.0
+    return widen * _kernel_tol(case, name, ref) + 4 * lse_max * 2.0**-24 * mag
 
 
 def _bwd_do_buffer(case):
@@ -801,4 +805,4 @@ def _wrong_axis(case):
 
 
 EXERCISES = _build()
-EXERCISES.update(__import__("flashlab.grader.ex_causal", fromlist=["EXERCISES"]).EXERCISES)  # notebook 06
+EXERCISES.update(ex_causal.EXERCISES)  # notebook 06: causal_loop_bounds
