@@ -198,30 +198,14 @@ def load_record(name: str):
 
 # ---------------------------------------------------------------- recorded runs (for notebooks on a CPU)
 
-# fp16 TFLOP/s on one H200 (torch 2.11, triton 3.6), 2026-11-30, from the run recorded in docs/BENCHMARKS.md:
-# python -m flashlab bench --providers flashlab sdpa-flash sdpa-cudnn --dtypes fp16 bf16 --seqlens 1024 2048 4096 8192 16384
-# {(mode, D, causal): {provider: [TFLOP/s at N = 1024, 2048, 4096, 8192, 16384]}}
-RECORDED_H200_SEQLENS = (1024, 2048, 4096, 8192, 16384)
-RECORDED_H200 = {
-    ('bwd', 64, False): {"flashlab": (310, 326, 297, 342, 365), "sdpa-flash": (215, 244, 264, 280, 286), "sdpa-cudnn": (358, 424, 412, 427, 436)},
-    ('bwd', 64, True): {"flashlab": (222, 261, 286, 297, 316), "sdpa-flash": (154, 197, 231, 253, 272), "sdpa-cudnn": (250, 320, 372, 396, 420)},
-    ('bwd', 128, False): {"flashlab": (303, 336, 350, 355, 362), "sdpa-flash": (228, 266, 288, 300, 306), "sdpa-cudnn": (422, 471, 506, 509, 529)},
-    ('bwd', 128, True): {"flashlab": (214, 269, 306, 327, 352), "sdpa-flash": (169, 216, 255, 281, 310), "sdpa-cudnn": (311, 405, 458, 469, 503)},
-    ('fwd', 64, False): {"flashlab": (340, 383, 381, 421, 426), "sdpa-flash": (287, 293, 297, 299, 300), "sdpa-cudnn": (436, 434, 439, 446, 450)},
-    ('fwd', 64, True): {"flashlab": (239, 316, 362, 377, 407), "sdpa-flash": (216, 258, 278, 285, 293), "sdpa-cudnn": (335, 366, 402, 417, 429)},
-    ('fwd', 128, False): {"flashlab": (371, 426, 486, 512, 526), "sdpa-flash": (329, 328, 335, 339, 326), "sdpa-cudnn": (556, 593, 576, 582, 599)},
-    ('fwd', 128, True): {"flashlab": (281, 359, 412, 439, 479), "sdpa-flash": (247, 279, 296, 309, 316), "sdpa-cudnn": (415, 470, 507, 527, 545)},
-}
+def _recorded_kernels():
+    """flashlab/data/h200_kernels.json (see its README) as {(mode, D, causal): {name: TFLOP/s per N}}."""
+    rec = load_record("h200_kernels.json")
+    table = lambda rows: {(r["mode"], r["D"], r["causal"]): {k: tuple(v) for k, v in r["tflops"].items()}  # noqa: E731
+                          for r in rows}
+    return tuple(rec["seqlens"]), table(rec["providers"]), table(rec["versions"])
 
-# Kernel versions (launches timed, fp16), same day: python scripts/gpu_versions.py --seqlens 4096 16384 --skip-check
-# {(mode, D, causal): {version: (TFLOP/s at N = 4096, at N = 16384)}}
-RECORDED_H200_VERSIONS = {
-    ('bwd', 64, False): {"v1": (308, 306), "v2": (353, 356)},
-    ('bwd', 64, True): {"v1": (264, 269), "v2": (291, 314)},
-    ('bwd', 128, False): {"v1": (352, 351), "v2": (349, 363)},
-    ('bwd', 128, True): {"v1": (298, 327), "v2": (301, 345)},
-    ('fwd', 64, False): {"v1": (365, 368), "v2": (381, 376), "v3": (407, 431)},
-    ('fwd', 64, True): {"v1": (230, 315), "v2": (355, 379), "v3": (354, 397)},
-    ('fwd', 128, False): {"v1": (377, 456), "v2": (445, 458), "v3": (489, 502)},
-    ('fwd', 128, True): {"v1": (233, 349), "v2": (397, 455), "v3": (420, 455)},
-}
+
+# fp16 TFLOP/s on one H200, 2026-11-30 (docs/BENCHMARKS.md): flashlab and SDPA's backends at
+# RECORDED_H200_SEQLENS, and each kernel version at N = 4096 and 16384.
+RECORDED_H200_SEQLENS, RECORDED_H200, RECORDED_H200_VERSIONS = _recorded_kernels()
