@@ -12,6 +12,7 @@ here, once, at import time.  ``flashlab/__init__.py`` imports it first.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import platform
@@ -143,7 +144,7 @@ def bf16_supported() -> bool:
     is right, but it is not a bf16 computation.
     """
     if DEVICE.type == "cuda":
-        return torch.cuda.get_device_capability()[0] >= 8
+        return capability()[0] >= 8
     return False
 
 
@@ -162,7 +163,12 @@ def shared_memory_per_block() -> int | None:
     """
     if DEVICE.type != "cuda":
         return None
-    idx = torch.cuda.current_device()
+    return _shared_memory_of(torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_of(idx: int) -> int:
+    """The driver query behind :func:`shared_memory_per_block`, asked once per GPU (launchers call it often)."""
     try:
         import triton
         return int(triton.runtime.driver.active.utils.get_device_properties(idx)["max_shared_mem"])
@@ -175,8 +181,13 @@ def shared_memory_per_block() -> int | None:
 
 
 def capability() -> tuple | None:
-    """(major, minor) compute capability of the GPU, None in the interpreter."""
-    return torch.cuda.get_device_capability() if DEVICE.type == "cuda" else None
+    """(major, minor) compute capability of the current GPU, None in the interpreter."""
+    return _capability_of(torch.cuda.current_device()) if DEVICE.type == "cuda" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_of(idx: int) -> tuple:
+    return tuple(torch.cuda.get_device_capability(idx))
 
 
 def report() -> dict:

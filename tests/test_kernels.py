@@ -149,12 +149,12 @@ def test_fallback_when_out_of_resources():
 
     key = ("test", "v0", 128, torch.float16, None)
     kernels._CHOSEN.pop(key, None)
-    kernels._launch_first_that_fits(key, [C(128, 64), C(64, 64), C(32, 32)], launch)
+    kernels._launch_first_that_fits(key, lambda: [C(128, 64), C(64, 64), C(32, 32)], launch)
     assert tried == [C(128, 64), C(64, 64)] and kernels._CHOSEN[key] == C(64, 64)
-    kernels._launch_first_that_fits(key, [C(128, 64), C(64, 64)], launch)
+    kernels._launch_first_that_fits(key, lambda: [C(128, 64), C(64, 64)], launch)
     assert tried[-1] == C(64, 64) and len(tried) == 3
     with pytest.raises(RuntimeError, match="no tile config fits"):
-        kernels._launch_first_that_fits(("x",) + key[1:], [C(128, 64)], launch)
+        kernels._launch_first_that_fits(("x",) + key[1:], lambda: [C(128, 64)], launch)
     kernels._CHOSEN.pop(key, None)
 
 

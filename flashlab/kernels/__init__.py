@@ -153,12 +153,16 @@ def _fitting_pairs(pairs, head_dim, dtype, limit=None, cc=None):
 _CHOSEN: dict = {}   # (kernel, version, head_dim, dtype, device index) -> Config that compiled and ran
 
 
-def _launch_first_that_fits(key, cands, launch):
-    """Launch with the remembered config, else with each candidate in turn until one fits."""
-    if key in _CHOSEN:
-        return launch(_CHOSEN[key])
+def _launch_first_that_fits(key, candidates, launch):
+    """Launch with the remembered config, else with each of ``candidates()`` in turn until one fits.
+
+    ``candidates`` is called only on the first launch for ``key``: later calls cost one dict lookup.
+    """
+    cfg = _CHOSEN.get(key)
+    if cfg is not None:
+        return launch(cfg)
     errors = []
-    for cfg in cands:
+    for cfg in candidates():
         try:
             launch(cfg)
         except triton.runtime.errors.OutOfResources as e:   # shared memory or registers
@@ -332,7 +336,7 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
     if device.INTERPRET:
         return launch(C(32, 32))
     _launch_first_that_fits(("fwd", version, D, q.dtype, q.device.index),
-                            _fitting(forward_configs(D, q.dtype), "fwd", D, q.dtype), launch)
+                            lambda: _fitting(forward_configs(D, q.dtype), "fwd", D, q.dtype), launch)
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *,
@@ -388,6 +392,7 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         launch_dkdv(C(32, 32))
         launch_dq(C(32, 32))
         return
-    pairs = _fitting_pairs(backward_configs(D, q.dtype), D, q.dtype)
-    _launch_first_that_fits(("dkdv", version, D, q.dtype, q.device.index), [p[0] for p in pairs], launch_dkdv)
-    _launch_first_that_fits(("dq", version, D, q.dtype, q.device.index), [p[1] for p in pairs], launch_dq)
+    def pairs():
+        return _fitting_pairs(backward_configs(D, q.dtype), D, q.dtype)
+    _launch_first_that_fits(("dkdv", version, D, q.dtype, q.device.index), lambda: [p[0] for p in pairs()], launch_dkdv)
+    _launch_first_that_fits(("dq", version, D, q.dtype, q.device.index), lambda: [p[1] for p in pairs()], launch_dq)
