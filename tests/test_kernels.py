@@ -260,3 +260,20 @@ def test_t4_and_l4_picks_fit_as_compiled():
             key = (cc, kname, 128, (c.block_m, c.block_n, c.num_warps, c.num_stages))
             assert key in COMPILED_KIB, f"{key}: run scripts/shared_memory.py and record it"
             assert COMPILED_KIB[key] * 1024 <= limit, key
+
+
+@pytest.mark.gpu
+def test_gpu_tuned_launch_remembers_and_agrees():
+    """After the first (autotuning) call the launcher goes straight to the kernel with the remembered
+    config: the second call gives the same bits, and the choice is the autotuner's."""
+    q, k, v = (_rand((2, 4, 1500, 64), torch.float16) for _ in range(3))
+    outs = []
+    for _ in range(2):
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=DEV)
+        kernels.launch_forward(q, k, v, o, lse, True, 0.125, version="v2")
+        outs.append(o)
+    assert torch.equal(outs[0], outs[1])
+    key = next(key for key in kernels._BEST if key[:2] == ("fwd", "v2") and key[4] == 2048)
+    assert kernels._BEST[key] == kernels._TUNED[("fwdv2", 64, torch.float16)].best_config
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert (outs[1].float() - ref).abs().max() < 1e-2

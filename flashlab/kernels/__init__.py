@@ -202,18 +202,25 @@ def _tma_ok(*tensors) -> bool:
     return True
 
 
-def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64) -> dict:
+V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
+
+
+def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None) -> dict:
     """The fastest correct versions for this device and problem: {"fwd": ..., "bwd": ...}.
 
     Chosen by the H200 measurements in docs/BENCHMARKS.md: forward v3 (tensor descriptors)
-    on Hopper (compute capability 9.0), v2 elsewhere; backward v2.  fp32 and head dims
+    on Hopper (compute capability 9.0) for sequences of more than 1024 (``n_key``, the
+    autotuning bucket, at least V3_FROM), v2 elsewhere: each v3 program builds its
+    descriptors first, which short sequences, with few K/V tiles per program, do not earn
+    back (at N = 256-1024 v3 measured 0.5-0.95x v2).  Backward v2.  fp32 and head dims
     above 128 keep v1: their dot products run on FMA units, where the masks v2 removes
     cost nothing noticeable, and v2's extra loop copies multiply the compile time.
     """
     if dtype == torch.float32 or head_dim > 128:
         return {"fwd": "v1", "bwd": "v1"}
     cc = device.capability()
-    return {"fwd": "v3" if (cc is not None and cc[0] >= 9) else "v2", "bwd": "v2"}
+    long_enough = n_key is None or n_key >= V3_FROM
+    return {"fwd": "v3" if (cc is not None and cc[0] >= 9 and long_enough) else "v2", "bwd": "v2"}
 
 
 _ALLOCATOR_SET = False
@@ -278,6 +285,27 @@ def _tuned(name: str, kernel, kind: str, head_dim: int, dtype):
     return _TUNED[k]
 
 
+_BEST: dict = {}   # (kernel, version, dtype, device, N_KEY, HEAD_DIM, CAUSAL, DOT_PRECISION) -> triton.Config
+
+
+def _launch_tuned(kind: str, version: str, kern, q, grid, args: tuple, kw: dict):
+    """Launch ``kern`` with the config triton.autotune picked for this key (tuning on first use).
+
+    After the first call the launch goes straight to the kernel with the remembered config:
+    triton.autotune's own per-call work (building its key from every argument) costs tens of
+    microseconds, as much as a short kernel takes.  The key is the autotuner's own (N_KEY,
+    HEAD_DIM, CAUSAL, DOT_PRECISION and the dtype), so the choice is the same.
+    """
+    key = (kind, version, q.dtype, q.device.index, args[-1], kw["HEAD_DIM"], kw["CAUSAL"], kw["DOT_PRECISION"])
+    cfg = _BEST.get(key)
+    if cfg is None:
+        tuned = _tuned(kind + version, kern, kind, kw["HEAD_DIM"], q.dtype)
+        tuned[grid](*args, **kw)
+        _BEST[key] = tuned.best_config
+        return
+    kern[grid(cfg.kwargs)](*args, **kw, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
 AUTOTUNE = os.environ.get("FLASHLAB_AUTOTUNE", "1") not in ("0", "", "false", "False")
 
 
@@ -302,13 +330,13 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
     one of FORWARD_VERSIONS (default: :func:`default_versions`).  ``config`` forces one
     tile config (no autotuning, no fallback).
     """
-    version = version or default_versions(q.dtype, q.shape[-1])["fwd"]
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    version = version or default_versions(q.dtype, D, _n_key(Nq, Nk))["fwd"]
     if version not in FORWARD_VERSIONS:
         raise ValueError(f"version must be one of {FORWARD_VERSIONS}, got {version!r}")
     if version == "v3" and not _tma_ok(q, k, v, o):
         version = "v2"
-    B, H, Nq, D = q.shape
-    Nk = k.shape[2]
     prec = _dot_precision(q.dtype, allow_tf32)
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(), H, Nq, Nk,
             scale * LOG2E)
@@ -321,10 +349,8 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
             _ensure_allocator()
 
     if config is None and version != "v1" and autotune_enabled(q, _n_key(Nq, Nk)):
-        tuned = _tuned("fwd" + version, kern, "fwd", D, q.dtype)
-        tuned[lambda m: _grid_1d(triton.cdiv(Nq, m["BLOCK_M"]), B * H)](
-            *args, CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec)
-        return
+        return _launch_tuned("fwd", version, kern, q, lambda m: _grid_1d(triton.cdiv(Nq, m["BLOCK_M"]), B * H),
+                             args, dict(CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec))
 
     def launch(cfg):
         kern[_grid_1d(triton.cdiv(Nq, cfg.block_m), B * H)](
@@ -370,10 +396,10 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     kw = dict(CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec)
 
     if config is None and version != "v1" and autotune_enabled(q, _n_key(Nq, Nk)):
-        _tuned("dkdv" + version, dkdv_kern, "dkdv", D, q.dtype)[
-            lambda m: _grid_1d(triton.cdiv(Nk, m["BLOCK_N"]), B * H)](*dkdv_args, **kw)
-        _tuned("dq" + version, dq_kern, "dq", D, q.dtype)[
-            lambda m: _grid_1d(triton.cdiv(Nq, m["BLOCK_M"]), B * H)](*dq_args, **kw)
+        _launch_tuned("dkdv", version, dkdv_kern, q, lambda m: _grid_1d(triton.cdiv(Nk, m["BLOCK_N"]), B * H),
+                      dkdv_args, kw)
+        _launch_tuned("dq", version, dq_kern, q, lambda m: _grid_1d(triton.cdiv(Nq, m["BLOCK_M"]), B * H),
+                      dq_args, kw)
         return
 
     def launch_dkdv(c):
