@@ -1,0 +1,146 @@
+"""Notebook 06's FA1-against-FA2 and L2 (grid order) results: byte models, verdicts and figures.
+
+The record these read is ``flashlab/data/h200_fa1_l2.json``, written on a GPU by
+``scripts/record_part2b.py`` (its docstring lists the keys).  Every function takes the record (a
+dict), so the notebook, the tests and a synthetic record all go through the same code.
+"""
+from __future__ import annotations
+
+import math
+
+from matplotlib.figure import Figure
+
+
+# ------------------------------------------------------------------------------------- byte models
+
+def fa2_bytes(B, H, N, D, block_m, elem=2, reread=True):
+    """HBM bytes of an FA2 forward (non-causal): Q, O once, a float32 LSE; K and V once (``reread=False``,
+    the ideal) or once per Q tile of ``block_m`` rows (``reread=True``: no K/V tile served by L2)."""
+    tr = math.ceil(N / block_m) if reread else 1
+    return B * H * (2 * N * D * elem + 4 * N + tr * 2 * N * D * elem)
+
+
+def fa1_bytes(B, H, N, D, block_m, block_n, elem=2):
+    """HBM bytes of flashlab's FA1-order forward (non-causal, K/V re-reads served by L2): K and V once;
+    per K/V tile, Q read again, the float32 O read and written, m and l read and written; O and the
+    LSE written once at the end.  (FA1's paper counts O in the input dtype; here it is float32.)"""
+    tc = math.ceil(N / block_n)
+    per_step = N * D * elem + 2 * N * D * 4 + 4 * N * 4
+    return B * H * (2 * N * D * elem + tc * per_step + N * D * elem + 4 * N)
+
+
+def l2_share_min(nbytes_nocache, nbytes_ideal, seconds, bandwidth):
+    """The smallest share of the K/V re-reads that must have come from L2: in ``seconds`` HBM moves at most
+    ``bandwidth * seconds`` bytes; whatever the no-cache model needs beyond that was not read from HBM.
+    0 means the timing alone cannot tell."""
+    reread = nbytes_nocache - nbytes_ideal
+    if reread <= 0:
+        return 0.0
+    return max(0.0, 1.0 - (bandwidth * seconds - nbytes_ideal) / reread)
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+def fa2_over_fa1(record):
+    """{(D, causal): [(N, FA2 TFLOP/s / FA1 TFLOP/s), ...]} from the record's "fa1" rows."""
+    out = {}
+    for r in record["fa1"]:
+        out.setdefault((r["D"], r["causal"]), []).append((r["N"], r["fa2_tflops"] / r["fa1_tflops"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def fa1_verdict(record, claim=(1.3, 1.5)):
+    """A sentence on the claim "FA2 is 1.3-1.5x FA1", computed from the record."""
+    ratios = [x for v in fa2_over_fa1(record).values() for _, x in v]
+    lo, hi = min(ratios), max(ratios)
+    inside = sum(claim[0] <= x <= claim[1] for x in ratios)
+    above = sum(x > claim[1] for x in ratios)
+    below = sum(x < claim[0] for x in ratios)
+    return (f"FA2 / FA1 ranges from {lo:.2f}x to {hi:.2f}x over {len(ratios)} cases: "
+            f"{inside} inside the claimed {claim[0]}-{claim[1]}x, {above} above it, {below} below it.")
+
+
+def order_slowdown(record):
+    """{(D, N): head-fastest time / tile-fastest time} from the record's "l2" rows."""
+    t = {(r["D"], r["N"], r["order"]): r["ms"] for r in record["l2"]}
+    return {(d, n): t[(d, n, "head-fastest")] / t[(d, n, "tile-fastest")]
+            for d, n, o in sorted(t) if o == "tile-fastest" and (d, n, "head-fastest") in t}
+
+
+def l2_verdict(record, threshold=1.1):
+    """A sentence on whether the K/V re-reads of the normal order hit L2, computed from the record."""
+    slow = order_slowdown(record)
+    shares = {(r["D"], r["N"]): r["l2_share_min"] for r in record["l2"] if r["order"] == "tile-fastest"}
+    parts = [f"D={d}, N={n}: {x:.2f}x slower, at least {shares.get((d, n), 0):.0%} of re-reads from L2 "
+             "in the normal order" for (d, n), x in slow.items()]
+    hits = [x >= threshold for x in slow.values()]
+    if all(hits):
+        verdict = ("Every case slows down when the heads are interleaved: in the normal order the K/V "
+                   "re-reads are served by L2.")
+    elif not any(hits):
+        verdict = (f"No case slows down by {threshold:.1f}x or more when the heads are interleaved: "
+                   "the timings do not show the normal order depending on L2.")
+    else:
+        verdict = "Mixed: some cases slow down when the heads are interleaved, some do not."
+    return verdict + "\n" + "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------------------- figures
+
+def fig_fa1_vs_fa2(record, title=None):
+    """TFLOP/s against N of the FA1-order kernel and FA2 (v1, same tiles), one panel per head dim."""
+    ds = sorted({r["D"] for r in record["fa1"]})
+    fig = Figure(figsize=(5.2 * len(ds), 3.8))
+    axes = fig.subplots(1, len(ds), squeeze=False)[0]
+    for ax, d in zip(axes, ds):
+        for causal, ls in ((False, "-"), (True, "--")):
+            rows = sorted((r for r in record["fa1"] if r["D"] == d and r["causal"] == causal), key=lambda r: r["N"])
+            if not rows:
+                continue
+            ns = [r["N"] for r in rows]
+            c = " causal" if causal else ""
+            ax.plot(ns, [r["fa2_tflops"] for r in rows], ls, marker="o", color="C0", alpha=0.55 if causal else 1,
+                    label=f"FA2 (v1){c}")
+            ax.plot(ns, [r["fa1_tflops"] for r in rows], ls, marker="s", color="C3", alpha=0.55 if causal else 1,
+                    label=f"FA1 order{c}")
+            for r in rows:
+                ax.annotate(f"{r['fa2_tflops'] / r['fa1_tflops']:.2f}x", (r["N"], r["fa2_tflops"]),
+                            textcoords="offset points", xytext=(0, 5 if not causal else -11), ha="center",
+                            fontsize=7, color="0.3")
+        ns = sorted({r["N"] for r in record["fa1"] if r["D"] == d})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        top = max(max(r["fa2_tflops"], r["fa1_tflops"]) for r in record["fa1"] if r["D"] == d)
+        ax.set_ylim(0, 1.2 * top)
+        ax.set_xlabel("sequence length N (16k tokens per batch)")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"D={d} (labels: FA2 / FA1)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title or "FA1's loop order against FA2's, same tiles, fp16", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def fig_grid_order(record, title=None):
+    """TFLOP/s of the same FA2 kernel in the two grid orders, per (D, N)."""
+    rows = record["l2"]
+    keys = sorted({(r["D"], r["N"]) for r in rows})
+    t = {(r["D"], r["N"], r["order"]): r["tflops"] for r in rows}
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.add_subplot()
+    w = 0.38
+    for j, (order, color) in enumerate((("tile-fastest", "C0"), ("head-fastest", "C1"))):
+        xs = [i + (j - 0.5) * w for i in range(len(keys))]
+        ys = [t.get((d, n, order), float("nan")) for d, n in keys]
+        ax.bar(xs, ys, w, color=color, label=f"{order}" + (" (v1's order)" if j == 0 else ""))
+        for x, y in zip(xs, ys):
+            ax.text(x, y, f"{y:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(keys)), [f"D={d}\nN={n}" for d, n in keys])
+    ax.set_ylim(0, 1.25 * max(r["tflops"] for r in rows))
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title or "The same forward, two grid orders (fp16, non-causal, 16k tokens)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
