@@ -39,6 +39,82 @@ def l2_share_min(nbytes_nocache, nbytes_ideal, seconds, bandwidth):
     return max(0.0, 1.0 - (bandwidth * seconds - nbytes_ideal) / reread)
 
 
+# ------------------------------------------------------------------------------------------ timings
+
+FALLBACKS = []   # timings that could not use CUDA graphs (scripts/record_part2b.py records them)
+
+
+def cuda_time(fn, label=""):
+    """Median ms of ``fn`` over CUDA-graph replays (``triton.testing.do_bench_cudagraph``: the FA1-order
+    kernel launches once per K/V tile, and graphs leave the launches' CPU cost out for every kernel
+    alike); plain ``do_bench`` if a graph cannot be captured."""
+    import torch
+    from triton.testing import do_bench, do_bench_cudagraph
+    fn()
+    try:
+        return do_bench_cudagraph(fn, rep=100, return_mode="median")
+    except Exception as e:  # noqa: BLE001  (an old Triton, or a capture problem: say so, time without graphs)
+        msg = f"{label}: no CUDA graph ({type(e).__name__}: {str(e).splitlines()[0][:80]}); plain do_bench"
+        print("  " + msg)
+        FALLBACKS.append(msg)
+        torch.cuda.synchronize()
+        return do_bench(fn, return_mode="median")
+
+
+def _setup(n, d, tokens, hidden, cfg, b_h=None):
+    import torch
+
+    from . import device
+    from .kernels import forward_config
+    b, h = b_h or (max(1, tokens // n), hidden // d)
+    cfg = cfg or forward_config(d, torch.float16)
+    q, k, v = (torch.randn(b, h, n, d, device=device.DEVICE, dtype=torch.float16) for _ in range(3))
+    return b, h, cfg, q, k, v, torch.empty_like(q), torch.empty(b, h, n, device=device.DEVICE)
+
+
+def measure_fa1_vs_fa2(n, d, causal, cfg=None, tokens=16384, hidden=2048, timer=cuda_time, b_h=None):
+    """One row of the record's "fa1" section: the FA1-order kernel and flashlab's FA2 v1 at the same tiles
+    (default: the forward's hand-picked config), fp16, B = tokens / N, H = hidden / D."""
+    from .bench import flops
+    from .kernels import launch_forward
+    from .teaching.fa1_forward import fa1_forward
+    b, h, cfg, q, k, v, o, lse = _setup(n, d, tokens, hidden, cfg, b_h)
+    fl = flops(b, h, n, n, d, causal)
+    row = dict(D=d, N=n, B=b, H=h, causal=causal, config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages])
+    fns = {"fa1": lambda: fa1_forward(q, k, v, o, lse, causal, config=cfg),
+           "fa2": lambda: launch_forward(q, k, v, o, lse, causal, d ** -0.5, version="v1", config=cfg)}
+    for key, fn in fns.items():
+        ms = timer(fn, f"{key} D={d} N={n} causal={causal}")
+        row[key + "_ms"], row[key + "_tflops"] = ms, fl / (ms * 1e-3) / 1e12
+    row["fa1_bytes"] = fa1_bytes(b, h, n, d, cfg.block_m, cfg.block_n)
+    row["fa2_bytes_nocache"] = fa2_bytes(b, h, n, d, cfg.block_m)
+    return row
+
+
+def measure_grid_orders(n, d, bandwidth, cfg=None, tokens=16384, hidden=2048, timer=cuda_time, b_h=None):
+    """The record's "l2" rows for one (N, D): the same FA2 forward (v1's code, non-causal) with the Q tile
+    index fastest and with the (batch, head) index fastest, and flashlab's v1 itself beside the first."""
+    from .bench import flops
+    from .kernels import launch_forward
+    from .teaching.fa1_forward import ordered_forward
+    b, h, cfg, q, k, v, o, lse = _setup(n, d, tokens, hidden, cfg, b_h)
+    fl = flops(b, h, n, n, d, False)
+    ideal = fa2_bytes(b, h, n, d, cfg.block_m, reread=False)
+    nocache = fa2_bytes(b, h, n, d, cfg.block_m)
+    rows = []
+    for order in ("tile-fastest", "head-fastest"):
+        ms = timer(lambda: ordered_forward(q, k, v, o, lse, False, config=cfg, head_fastest=order == "head-fastest"),
+                   f"{order} D={d} N={n}")
+        rows.append(dict(D=d, N=n, B=b, H=h, order=order, ms=ms, tflops=fl / (ms * 1e-3) / 1e12,
+                         config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages],
+                         kv_bytes_per_head=2 * n * d * 2, ideal_bytes=ideal, nocache_bytes=nocache,
+                         hbm_max_bytes=bandwidth * ms * 1e-3,
+                         l2_share_min=l2_share_min(nocache, ideal, ms * 1e-3, bandwidth)))
+    rows[0]["v1_ms"] = timer(lambda: launch_forward(q, k, v, o, lse, False, d ** -0.5, version="v1", config=cfg),
+                             f"v1 D={d} N={n}")
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ verdicts
 
 def fa2_over_fa1(record):

@@ -46,7 +46,7 @@ from pathlib import Path
 if "--cpu-smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 import flashlab  # noqa: E402,F401,I001  (first: GPU or interpreter)
-from flashlab import bench as fbench, device, reference, viz_speed  # noqa: E402
+from flashlab import device, reference, viz_speed  # noqa: E402
 from flashlab.kernels import forward_config, launch_forward  # noqa: E402
 from flashlab.teaching.fa1_forward import fa1_forward, ordered_forward  # noqa: E402
 import torch  # noqa: E402
@@ -103,23 +103,6 @@ def checks_section(smoke):
     return out
 
 
-FALLBACKS = []   # timings that could not use CUDA graphs (recorded in the JSON)
-
-
-def bench(fn, label=""):
-    """Median ms of ``fn`` over CUDA-graph replays (plain do_bench if a graph cannot be captured)."""
-    from triton.testing import do_bench, do_bench_cudagraph
-    fn()
-    try:
-        return do_bench_cudagraph(fn, rep=100, return_mode="median")
-    except Exception as e:  # noqa: BLE001  (an old Triton, or a capture problem: say so, time without graphs)
-        msg = f"{label}: no CUDA graph ({type(e).__name__}: {str(e).splitlines()[0][:80]}); plain do_bench"
-        print("  " + msg)
-        FALLBACKS.append(msg)
-        torch.cuda.synchronize()
-        return do_bench(fn, return_mode="median")
-
-
 def bandwidth_section():
     src = torch.empty(2**30, dtype=torch.float16, device="cuda")
     dst = torch.empty_like(src)
@@ -133,82 +116,43 @@ def bandwidth_section():
 def matmul_section():
     n = 8192
     a, b = (torch.randn(n, n, device="cuda", dtype=torch.float16) for _ in range(2))
-    ms = bench(lambda: a @ b)
+    ms = viz_speed.cuda_time(lambda: a @ b, "matmul")
     return [dict(provider="torch.matmul", dtype="fp16", M=n, N=n, K=n, ms=ms, tflops=2 * n**3 / (ms * 1e-3) / 1e12)]
 
 
-def _shape(n, d, smoke):
-    if smoke:
-        return 1, 2
-    return max(1, 16384 // n), 2048 // d
-
-
-def _tensors(b, h, n, d):
-    q, k, v = (torch.randn(b, h, n, d, device=device.DEVICE, dtype=torch.float16) for _ in range(3))
-    return q, k, v, torch.empty_like(q), torch.empty(b, h, n, device=device.DEVICE)
+def _smoke_timer(fn, label=""):
+    fn()                      # --cpu-smoke: run it once in the interpreter, time nothing
+    return math.nan
 
 
 def fa1_section(smoke):
+    if smoke:
+        return [viz_speed.measure_fa1_vs_fa2(64, 16, c, timer=_smoke_timer, b_h=(1, 2)) for c in (False, True)]
     rows = []
-    for d in ([16] if smoke else DS):
-        cfg = forward_config(d, torch.float16)
-        ks = kernels_by_name(cfg)
-        for n in ([64] if smoke else NS_FA1):
-            b, h = _shape(n, d, smoke)
-            q, k, v, o, lse = _tensors(b, h, n, d)
+    for d in DS:
+        for n in NS_FA1:
             for causal in (False, True):
-                fl = fbench.flops(b, h, n, n, d, causal)
-                row = dict(D=d, N=n, B=b, H=h, causal=causal,
-                           config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages])
-                for key, name in (("fa1", "FA1 order"), ("fa2", "v1")):
-                    f = (lambda fn=ks[name]: fn(q, k, v, o, lse, causal))
-                    ms = math.nan if smoke else bench(f, f"{name} D={d} N={n} causal={causal}")
-                    if smoke:
-                        f()
-                    row[key + "_ms"], row[key + "_tflops"] = ms, fl / (ms * 1e-3) / 1e12
-                row["fa1_bytes"] = viz_speed.fa1_bytes(b, h, n, d, cfg.block_m, cfg.block_n)
-                row["fa2_bytes_nocache"] = viz_speed.fa2_bytes(b, h, n, d, cfg.block_m)
-                rows.append(row)
-            del q, k, v, o, lse
-            if not smoke:
-                torch.cuda.empty_cache()
+                rows.append(viz_speed.measure_fa1_vs_fa2(n, d, causal))
+            torch.cuda.empty_cache()
     return rows
 
 
 def l2_section(bw, smoke):
+    if smoke:
+        return viz_speed.measure_grid_orders(64, 16, bw, timer=_smoke_timer, b_h=(1, 2))
     rows = []
-    for d in ([16] if smoke else DS):
-        cfg = forward_config(d, torch.float16)
-        ks = kernels_by_name(cfg)
-        for n in ([64] if smoke else NS_L2):
-            b, h = _shape(n, d, smoke)
-            q, k, v, o, lse = _tensors(b, h, n, d)
-            fl = fbench.flops(b, h, n, n, d, False)
-            ideal = viz_speed.fa2_bytes(b, h, n, d, cfg.block_m, reread=False)
-            nocache = viz_speed.fa2_bytes(b, h, n, d, cfg.block_m)
-            for order in ("tile-fastest", "head-fastest"):
-                f = (lambda fn=ks["v1 " + order]: fn(q, k, v, o, lse, False))
-                ms = math.nan if smoke else bench(f, f"{order} D={d} N={n}")
-                if smoke:
-                    f()
-                rows.append(dict(D=d, N=n, B=b, H=h, order=order, ms=ms, tflops=fl / (ms * 1e-3) / 1e12,
-                                 config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages],
-                                 kv_bytes_per_head=2 * n * d * 2, ideal_bytes=ideal, nocache_bytes=nocache,
-                                 hbm_max_bytes=bw * ms * 1e-3,
-                                 l2_share_min=viz_speed.l2_share_min(nocache, ideal, ms * 1e-3, bw)))
-            # v1 itself in the same run: the ordered kernel's tile-fastest order must time like it
-            f = (lambda: launch_forward(q, k, v, o, lse, False, 1 / math.sqrt(d), version="v1", config=cfg))
-            rows[-2]["v1_ms"] = math.nan if smoke else bench(f)
-            del q, k, v, o, lse
-            if not smoke:
-                torch.cuda.empty_cache()
+    for d in DS:
+        for n in NS_L2:
+            rows += viz_speed.measure_grid_orders(n, d, bw)
+            torch.cuda.empty_cache()
     return rows
 
 
 def ncu_only():
     d, n = 64, 16384
-    b, h = _shape(n, d, False)
-    q, k, v, o, lse = _tensors(b, h, n, d)
+    b, h = 16384 // n, 2048 // d
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    o, lse = torch.empty_like(q), torch.empty(b, h, n, device="cuda")
     cfg = forward_config(d, torch.float16)
     for hf in (False, True):          # warm-up (compile) both orders
         ordered_forward(q, k, v, o, lse, False, config=cfg, head_fastest=hf)
@@ -252,7 +196,7 @@ def main():
     record["matmul"] = [] if smoke else matmul_section()
     record["fa1"] = fa1_section(smoke)
     record["l2"] = l2_section(bw, smoke)
-    record["timing_fallbacks"] = FALLBACKS
+    record["timing_fallbacks"] = viz_speed.FALLBACKS
     record["seconds"] = round(time.time() - t0, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1))
