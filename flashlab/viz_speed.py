@@ -74,14 +74,17 @@ def _setup(n, d, tokens, hidden, cfg, b_h=None):
 
 def measure_fa1_vs_fa2(n, d, causal, cfg=None, tokens=16384, hidden=2048, timer=cuda_time, b_h=None):
     """One row of the record's "fa1" section: the FA1-order kernel and flashlab's FA2 v1 at the same tiles
-    (default: the forward's hand-picked config), fp16, B = tokens / N, H = hidden / D."""
+    (default: the forward's hand-picked config; FA1 with :func:`~flashlab.teaching.fa1_forward.fa1_config`'s
+    warps), fp16, B = tokens / N, H = hidden / D."""
     from .bench import flops
     from .kernels import launch_forward
-    from .teaching.fa1_forward import fa1_forward
+    from .teaching.fa1_forward import fa1_config, fa1_forward
     b, h, cfg, q, k, v, o, lse = _setup(n, d, tokens, hidden, cfg, b_h)
+    c1 = fa1_config(cfg)
     fl = flops(b, h, n, n, d, causal)
-    row = dict(D=d, N=n, B=b, H=h, causal=causal, config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages])
-    fns = {"fa1": lambda: fa1_forward(q, k, v, o, lse, causal, config=cfg),
+    row = dict(D=d, N=n, B=b, H=h, causal=causal, config=[cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages],
+               fa1_config=[c1.block_m, c1.block_n, c1.num_warps, c1.num_stages])
+    fns = {"fa1": lambda: fa1_forward(q, k, v, o, lse, causal, config=c1),
            "fa2": lambda: launch_forward(q, k, v, o, lse, causal, d ** -0.5, version="v1", config=cfg)}
     for key, fn in fns.items():
         ms = timer(fn, f"{key} D={d} N={n} causal={causal}")

@@ -4,7 +4,8 @@
 
 Checks first (every kernel timed here against SDPA on the same inputs; a wrong one stops the
 script), then times, and prints a short table last.  No autotuning: every kernel runs with the
-forward's first hand-picked tile config (``flashlab.kernels.forward_config``), the same for all.
+forward's first hand-picked tile config (``flashlab.kernels.forward_config``), the same tiles for
+all (the FA1-order kernel with at least 8 warps: ``fa1_config``'s docstring says why).
 Timings are medians of ``triton.testing.do_bench_cudagraph`` (CUDA graphs: the FA1-order kernel
 launches once per K/V tile, and the launches' CPU cost is left out for every kernel alike).
 Sections (each also a key of the JSON file):
@@ -48,7 +49,7 @@ if "--cpu-smoke" in sys.argv:
 import flashlab  # noqa: E402,F401,I001  (first: GPU or interpreter)
 from flashlab import device, reference, viz_speed  # noqa: E402
 from flashlab.kernels import forward_config, launch_forward  # noqa: E402
-from flashlab.teaching.fa1_forward import fa1_forward, ordered_forward  # noqa: E402
+from flashlab.teaching.fa1_forward import fa1_config, fa1_forward, ordered_forward  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
@@ -61,7 +62,7 @@ DS = [64, 128]
 def kernels_by_name(cfg):
     """name -> f(q, k, v, o, lse, causal), every one at the tile config ``cfg``."""
     return {
-        "FA1 order": lambda q, k, v, o, lse, c: fa1_forward(q, k, v, o, lse, c, config=cfg),
+        "FA1 order": lambda q, k, v, o, lse, c: fa1_forward(q, k, v, o, lse, c, config=fa1_config(cfg)),
         "v1": lambda q, k, v, o, lse, c: launch_forward(q, k, v, o, lse, c, 1 / math.sqrt(q.shape[-1]),
                                                         version="v1", config=cfg),
         "v2": lambda q, k, v, o, lse, c: launch_forward(q, k, v, o, lse, c, 1 / math.sqrt(q.shape[-1]),
@@ -162,6 +163,15 @@ def ncu_only():
     print(f"ran the two grid orders once each (D={d}, N={n}, B={b}, H={h}, tiles {cfg})")
 
 
+def _shown(path):
+    """The output path as written in the record: relative to the repository, never a machine's absolute path."""
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(Path(__file__).resolve().parents[1]))
+    except ValueError:
+        return p.name
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="JSON file to write, e.g. flashlab/data/h200_fa1_l2.json")
@@ -178,7 +188,7 @@ def main():
     record = {
         "what": "notebook 06's FA1-order and L2 (grid order) measurements, recorded by scripts/record_part2b.py",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "python3 scripts/record_part2b.py --out " + args.out + (" --cpu-smoke" if smoke else ""),
+        "command": "python3 scripts/record_part2b.py --out " + _shown(args.out) + (" --cpu-smoke" if smoke else ""),
         "timing": "median of triton.testing.do_bench_cudagraph (rep=100 ms); fp16; tiles: forward_config(D)",
     }
     if smoke:

@@ -25,6 +25,9 @@ grid, so a timing against FA2 at the same tiles measures what the loop order cos
 trips of O, m and l (and the re-read of Q) once per K/V tile, plus one launch per K/V tile (time
 it with CUDA graphs to leave the launches' CPU cost out).  The inner loop of Algorithm 1 is
 sequential in the paper only because one thread block runs it; its iterations are independent.
+One rearrangement of Algorithm 1's arithmetic, the same numbers: P~ is exponentiated against m_new
+directly, e^(S - m_new) = e^(m~ - m_new) P~, so one float32 tile (the rescaled O plus P~ V) is
+live instead of two (with two, the kernel spilled registers at v1's tiles).
 
 O is kept between steps in a float32 buffer (FA1's CUDA code also accumulated in a float32
 temporary when the keys do not fit one block); the last step of each Q tile writes O in the
@@ -56,10 +59,10 @@ from ..kernels import Config, forward_config
 from ..kernels.common import LN2_K, LOG2E, head_base, tile_ptrs
 from ..kernels.forward import _fwd_inner
 
-__all__ = ["fa1_forward", "flash_fwd_fa1_step", "ordered_forward", "flash_fwd_kernel_ordered"]
+__all__ = ["fa1_config", "fa1_forward", "flash_fwd_fa1_step", "ordered_forward", "flash_fwd_kernel_ordered"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["start_n", "first_tile"])   # one compiled kernel for every step
 def flash_fwd_fa1_step(
     Q, K, V, O, LSE, O_ACC, M, L,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -111,16 +114,13 @@ def flash_fwd_fa1_step(
     if CAUSAL:
         keep = keep & (cols[None, :] <= offs_m[:, None])
     s = tl.where(keep, s, float("-inf"))
-    m_t = tl.max(s, 1)                                        # m~ (-inf for a row that sees none of this tile)
-    m_t_safe = tl.where(m_t == float("-inf"), 0.0, m_t)
-    p = tl.math.exp2(s - m_t_safe[:, None])                   # P~
-    l_t = tl.sum(p, 1)                                        # l~
-    m_new = tl.maximum(m_old, m_t)
+    m_new = tl.maximum(m_old, tl.max(s, 1))                  # m_new = max(m_i, m~); finite: every row saw key 0
+    p = tl.math.exp2(s - m_new[:, None])                      # e^(m~ - m_new) P~, in one exponent
     a_old = tl.math.exp2(m_old - m_new) * l_old               # e^(m_i - m_new) l_i  (0 at the first step)
-    a_t = tl.math.exp2(m_t - m_new)                           # e^(m~ - m_new)
-    l_new = a_old + a_t * l_t
-    pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    o_new = (a_old[:, None] * o_old + a_t[:, None] * pv) / l_new[:, None]      # normalised at every step
+    l_new = a_old + tl.sum(p, 1)                              # l_new = e^(m_i - m_new) l_i + e^(m~ - m_new) l~
+    acc = o_old * a_old[:, None]                              # diag(l_i) e^(m_i - m_new) O_i
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)    # + e^(m~ - m_new) P~ V_j
+    o_new = acc / l_new[:, None]                              # normalised at every step
 
     # the last step for this Q tile writes O and L; the others write the state back
     if CAUSAL:
@@ -140,18 +140,30 @@ def flash_fwd_fa1_step(
         tl.store(L + ml_off, l_new, mask=row_ok)
 
 
+def fa1_config(cfg: Config) -> Config:
+    """FA1's config for FA2's tiles ``cfg``: the same BLOCK_M x BLOCK_N, at least 8 warps, one stage.
+
+    One step holds the float32 O tile, the scores and the pointers of five tiles at once; at v1's
+    4 warps (D = 64) that spilled hundreds of registers when compiled for sm_90, at 8 it spills none
+    (scripts/sass_stats.py's method; D = 128 at 8 warps: ~55 spill stores, v1 there: 23).  There is
+    no loop to pipeline, so one stage.
+    """
+    return Config(cfg.block_m, cfg.block_n, max(8, cfg.num_warps), 1)
+
+
 def fa1_forward(q, k, v, o, lse, causal: bool, scale: float | None = None, *, config: Config | None = None,
                 allow_tf32: bool = False):
     """FA1-order forward: write O into ``o`` (B, H, Nq, D) and the natural-log LSE into ``lse`` (B, H, Nq).
 
     Same contract as :func:`flashlab.kernels.launch_forward` (any strides; causal top-left; D a power
-    of two >= 16).  ``config``: the tiles (default: the forward's hand-picked config).  Launches one
+    of two >= 16).  ``config``: tiles and warps, used as given (default: :func:`fa1_config` of the
+    forward's hand-picked config).  Launches one
     kernel per K/V tile; the scratch (O in float32, m, l) is allocated here, part of the cost.
     """
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    cfg = config or forward_config(D, q.dtype)
+    cfg = config or fa1_config(forward_config(D, q.dtype))
     bm, bn = cfg.block_m, cfg.block_n
     o_acc = torch.zeros((B, H, Nq, D), device=q.device, dtype=torch.float32)   # O = 0, m = -inf, l = 0 (line 2)
     m = torch.full((B, H, Nq), float("-inf"), device=q.device, dtype=torch.float32)
