@@ -72,6 +72,13 @@ def _setup(n, d, tokens, hidden, cfg, b_h=None):
     return b, h, cfg, q, k, v, torch.empty_like(q), torch.empty(b, h, n, device=device.DEVICE)
 
 
+def many_heads(d, n_sm, hidden=2048, per_sm=8):
+    """(B, H) with H = hidden / D and B * H >= per_sm * n_sm: so many heads that, interleaved, the
+    programs running at the same time (about one or two per SM) all belong to different heads."""
+    h = hidden // d
+    return -(-per_sm * n_sm // h), h
+
+
 def measure_fa1_vs_fa2(n, d, causal, cfg=None, tokens=16384, hidden=2048, timer=cuda_time, b_h=None):
     """One row of the record's "fa1" section: the FA1-order kernel and flashlab's FA2 v1 at the same tiles
     (default: the forward's hand-picked config; FA1 with :func:`~flashlab.teaching.fa1_forward.fa1_config`'s
@@ -139,19 +146,23 @@ def fa1_verdict(record, claim=(1.3, 1.5)):
             f"{inside} inside the claimed {claim[0]}-{claim[1]}x, {above} above it, {below} below it.")
 
 
+def _key(r):
+    return r["D"], r["N"], r["B"] * r["H"]
+
+
 def order_slowdown(record):
-    """{(D, N): head-fastest time / tile-fastest time} from the record's "l2" rows."""
-    t = {(r["D"], r["N"], r["order"]): r["ms"] for r in record["l2"]}
-    return {(d, n): t[(d, n, "head-fastest")] / t[(d, n, "tile-fastest")]
-            for d, n, o in sorted(t) if o == "tile-fastest" and (d, n, "head-fastest") in t}
+    """{(D, N, B*H): head-fastest time / tile-fastest time} from the record's "l2" rows."""
+    t = {(*_key(r), r["order"]): r["ms"] for r in record["l2"]}
+    return {(d, n, bh): t[(d, n, bh, "head-fastest")] / t[(d, n, bh, "tile-fastest")]
+            for d, n, bh, o in sorted(t) if o == "tile-fastest" and (d, n, bh, "head-fastest") in t}
 
 
 def l2_verdict(record, threshold=1.1):
     """A sentence on whether the K/V re-reads of the normal order hit L2, computed from the record."""
     slow = order_slowdown(record)
-    shares = {(r["D"], r["N"]): r["l2_share_min"] for r in record["l2"] if r["order"] == "tile-fastest"}
-    parts = [f"D={d}, N={n}: {x:.2f}x slower, at least {shares.get((d, n), 0):.0%} of re-reads from L2 "
-             "in the normal order" for (d, n), x in slow.items()]
+    shares = {_key(r): r["l2_share_min"] for r in record["l2"] if r["order"] == "tile-fastest"}
+    parts = [f"D={d}, N={n}, B*H={bh}: {x:.2f}x slower interleaved; at least {shares.get((d, n, bh), 0):.0%} of "
+             "the re-reads from L2 in the normal order" for (d, n, bh), x in slow.items()]
     hits = [x >= threshold for x in slow.values()]
     if all(hits):
         verdict = ("Every case slows down when the heads are interleaved: in the normal order the K/V "
@@ -204,21 +215,21 @@ def fig_fa1_vs_fa2(record, title=None):
 def fig_grid_order(record, title=None):
     """TFLOP/s of the same FA2 kernel in the two grid orders, per (D, N)."""
     rows = record["l2"]
-    keys = sorted({(r["D"], r["N"]) for r in rows})
-    t = {(r["D"], r["N"], r["order"]): r["tflops"] for r in rows}
+    keys = sorted({_key(r) for r in rows})
+    t = {(*_key(r), r["order"]): r["tflops"] for r in rows}
     fig = Figure(figsize=(6.4, 3.6))
     ax = fig.add_subplot()
     w = 0.38
     for j, (order, color) in enumerate((("tile-fastest", "C0"), ("head-fastest", "C1"))):
         xs = [i + (j - 0.5) * w for i in range(len(keys))]
-        ys = [t.get((d, n, order), float("nan")) for d, n in keys]
+        ys = [t.get((*k, order), float("nan")) for k in keys]
         ax.bar(xs, ys, w, color=color, label=f"{order}" + (" (v1's order)" if j == 0 else ""))
         for x, y in zip(xs, ys):
             ax.text(x, y, f"{y:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(keys)), [f"D={d}\nN={n}" for d, n in keys])
+    ax.set_xticks(range(len(keys)), [f"D={d}\nN={n}\nB·H={bh}" for d, n, bh in keys], fontsize=8)
     ax.set_ylim(0, 1.25 * max(r["tflops"] for r in rows))
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(title or "The same forward, two grid orders (fp16, non-causal, 16k tokens)", fontsize=9)
+    ax.set_title(title or "The same forward, two grid orders (fp16, non-causal)", fontsize=9)
     ax.legend(fontsize=7, loc="upper center", ncol=2)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()

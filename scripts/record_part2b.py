@@ -17,8 +17,10 @@ Sections (each also a key of the JSON file):
   fa1        FA1 order vs flashlab's FA2 v1 at the same tiles: 16k tokens (B = 16384 / N,
              H = 2048 / D), fp16, D = 64 and 128, N = 1024, 4096, 16384, causal both
   l2         the same FA2 forward (v1's code) with the Q tile index fastest in the grid (v1's order)
-             and with the (batch, head) index fastest, non-causal, N = 4096 and 16384, D = 64 and
-             128; with the bytes the no-cache model needs and the least share of the K/V re-reads
+             and with the (batch, head) index fastest, non-causal, D = 64 and 128: N = 4096 and
+             16384 at 16k tokens, and N = 4096 with B*H >= 8 heads per SM (B = 33, H = 32 or
+             B = 66, H = 16 on 132 SMs: interleaved, the programs running together then all belong
+             to different heads; at 16k tokens, B*H = 16-128, they still share some); with the bytes the no-cache model needs and the least share of the K/V re-reads
              that must have come from L2 given the measured time and copy bandwidth
 
 Counting DRAM bytes instead of inferring them: with FLASHLAB_NCU=1 the script only runs each grid
@@ -142,10 +144,13 @@ def l2_section(bw, smoke):
     if smoke:
         return viz_speed.measure_grid_orders(64, 16, bw, timer=_smoke_timer, b_h=(1, 2))
     rows = []
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
     for d in DS:
         for n in NS_L2:
-            rows += viz_speed.measure_grid_orders(n, d, bw)
+            rows += viz_speed.measure_grid_orders(n, d, bw)           # the protocol's 16k tokens
             torch.cuda.empty_cache()
+        rows += viz_speed.measure_grid_orders(4096, d, bw, b_h=viz_speed.many_heads(d, n_sm))   # 8 heads per SM
+        torch.cuda.empty_cache()
     return rows
 
 

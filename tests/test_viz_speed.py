@@ -11,7 +11,8 @@ def _record(fa2_over_fa1=1.4, head_fastest_slowdown=1.5):
     for d in (64, 128):
         for n in (4096, 16384):
             for order, ms in (("tile-fastest", 2.0), ("head-fastest", 2.0 * head_fastest_slowdown)):
-                l2.append(dict(D=d, N=n, order=order, ms=ms, tflops=100 / ms, l2_share_min=0.25))
+                l2.append(dict(D=d, N=n, B=16384 // n, H=2048 // d, order=order, ms=ms, tflops=100 / ms,
+                               l2_share_min=0.25))
     return {"fa1": fa1, "l2": l2}
 
 
@@ -33,7 +34,8 @@ def test_verdicts_follow_the_numbers():
     assert S.fa2_over_fa1(_record(2.0))[(64, True)] == [(1024, 2.0), (4096, 2.0), (16384, 2.0)]
     assert S.l2_verdict(_record(head_fastest_slowdown=1.5)).startswith("Every case slows down")
     assert S.l2_verdict(_record(head_fastest_slowdown=1.0)).startswith("No case")
-    assert S.order_slowdown(_record(head_fastest_slowdown=1.5))[(64, 4096)] == pytest.approx(1.5)
+    assert S.order_slowdown(_record(head_fastest_slowdown=1.5))[(64, 4096, 128)] == pytest.approx(1.5)
+    assert S.many_heads(64, 132) == (33, 32) and S.many_heads(128, 132) == (66, 16)
 
 
 def test_figures_render():
