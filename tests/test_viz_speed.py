@@ -32,8 +32,15 @@ def test_verdicts_follow_the_numbers():
     assert "12 above" in S.fa1_verdict(_record(3.0))
     assert "12 below" in S.fa1_verdict(_record(1.1))
     assert S.fa2_over_fa1(_record(2.0))[(64, True)] == [(1024, 2.0), (4096, 2.0), (16384, 2.0)]
-    assert S.l2_verdict(_record(head_fastest_slowdown=1.5)).startswith("Every case slows down")
-    assert S.l2_verdict(_record(head_fastest_slowdown=1.0)).startswith("No case")
+    assert "or more: in the normal order the K/V re-reads are served by L2" in S.l2_verdict(_record(1.4, 1.5))
+    assert "do not show" in S.l2_verdict(_record(1.4, 1.0))
+    rec = _record(1.4, 1.0)               # only the many-heads rows (B*H >= 4 x SMs) decide
+    rec["machine"] = {"sms": 8}
+    for r in rec["l2"]:
+        if r["B"] * r["H"] >= 32 and r["order"] == "head-fastest":
+            r["ms"] *= 2
+    v = S.l2_verdict(rec)
+    assert "served by L2" in v and "B*H=16" not in v.splitlines()[0]
     assert S.order_slowdown(_record(head_fastest_slowdown=1.5))[(64, 4096, 128)] == pytest.approx(1.5)
     assert S.many_heads(64, 132) == (33, 32) and S.many_heads(128, 132) == (66, 16)
 
