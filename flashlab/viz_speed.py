@@ -52,7 +52,7 @@ def cuda_time(fn, label=""):
     from triton.testing import do_bench, do_bench_cudagraph
     fn()
     try:
-        return do_bench_cudagraph(fn, rep=100, return_mode="median")
+        return do_bench_cudagraph(fn, rep=60, return_mode="median")
     except Exception as e:  # noqa: BLE001  (an old Triton, or a capture problem: say so, time without graphs)
         msg = f"{label}: no CUDA graph ({type(e).__name__}: {str(e).splitlines()[0][:80]}); plain do_bench"
         print("  " + msg)

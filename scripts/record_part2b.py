@@ -20,8 +20,9 @@ Sections (each also a key of the JSON file):
              and with the (batch, head) index fastest, non-causal, D = 64 and 128: N = 4096 and
              16384 at 16k tokens, and N = 4096 with B*H >= 8 heads per SM (B = 33, H = 32 or
              B = 66, H = 16 on 132 SMs: interleaved, the programs running together then all belong
-             to different heads; at 16k tokens, B*H = 16-128, they still share some); with the bytes the no-cache model needs and the least share of the K/V re-reads
-             that must have come from L2 given the measured time and copy bandwidth
+             to different heads; at 16k tokens, B*H = 16-128, they still share some); with the
+             bytes the no-cache model needs and the least share of the K/V re-reads that must
+             have come from L2 given the measured time and copy bandwidth
 
 Counting DRAM bytes instead of inferring them: with FLASHLAB_NCU=1 the script only runs each grid
 order once (D = 64, N = 16384, non-causal, after one warm-up call) for a profiler to wrap:
@@ -194,7 +195,8 @@ def main():
         "what": "notebook 06's FA1-order and L2 (grid order) measurements, recorded by scripts/record_part2b.py",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "python3 scripts/record_part2b.py --out " + _shown(args.out) + (" --cpu-smoke" if smoke else ""),
-        "timing": "median of triton.testing.do_bench_cudagraph (rep=100 ms); fp16; tiles: forward_config(D)",
+        "timing": ("median of triton.testing.do_bench_cudagraph (rep=60: 10 replays of a graph of about 60 ms "
+                   "of calls); fp16; tiles: forward_config(D), FA1 with fa1_config"),
     }
     if smoke:
         record["machine"] = {"gpu": None, "python": platform.python_version(), "torch": torch.__version__,
@@ -231,7 +233,8 @@ def main():
     for r in record["l2"]:
         v1 = f"{r['v1_ms']:8.3f}" if "v1_ms" in r else " " * 8
         print(f"{r['D']:>4} {r['N']:>6} {r['B'] * r['H']:>5} {r['order']:>13} {r['ms']:>8.3f} {r['tflops']:>8.1f} {v1} "
-              f"{r['nocache_bytes'] / 2**30:>10.2f} {r['nocache_bytes'] / (r['ms'] * 1e-3) / 1e12:>10.2f} {r['hbm_max_bytes'] / 2**30:>12.2f} {100 * r['l2_share_min']:>27.0f}%")
+              f"{r['nocache_bytes'] / 2**30:>10.2f} {r['nocache_bytes'] / (r['ms'] * 1e-3) / 1e12:>10.2f} "
+              f"{r['hbm_max_bytes'] / 2**30:>12.2f} {100 * r['l2_share_min']:>27.0f}%")
     print("\n" + viz_speed.fa1_verdict(record) + "\n" + viz_speed.l2_verdict(record))
     print(f"\nwrote {args.out}")
 
