@@ -143,10 +143,10 @@ def flash_fwd_fa1_step(
 def fa1_config(cfg: Config) -> Config:
     """FA1's config for FA2's tiles ``cfg``: the same BLOCK_M x BLOCK_N, at least 8 warps, one stage.
 
-    One step holds the float32 O tile, the scores and the pointers of five tiles at once; at v1's
-    4 warps (D = 64) that spilled hundreds of registers when compiled for sm_90, at 8 it spills none
-    (scripts/sass_stats.py's method; D = 128 at 8 warps: ~55 spill stores, v1 there: 23).  There is
-    no loop to pipeline, so one stage.
+    One step holds the float32 O tile, the scores and the pointers of five tiles at once.  Compiled
+    for sm_90 (scripts/sass_stats.py's method, triton 3.9, 128 x 64 tiles), D = 64: 156-227 spill
+    stores at v1's 4 warps, 0-6 at 8; D = 128 at 8 warps: 53-58 (v1's loop there: 23).  There is no
+    loop to pipeline, so one stage.
     """
     return Config(cfg.block_m, cfg.block_n, max(8, cfg.num_warps), 1)
 
