@@ -14,15 +14,17 @@ intensity N/e) and one where every query tile re-reads all of K and V from HBM (
          ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum python scripts/l2_reuse_fwd.py
 
     python scripts/l2_reuse_fwd.py        # needs a CUDA GPU; prints a short table last
+
+scripts/record_part2b.py goes further with the same byte model (flashlab.viz_speed): it times the
+forward in two grid orders, so that the K/V re-reads can or cannot find their tiles in L2.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 
 import flashlab  # noqa: F401  (first: decides GPU vs interpreter)
-from flashlab import device
+from flashlab import device, viz_speed
 from flashlab.kernels import forward_config
 
 
@@ -51,12 +53,10 @@ def main():
         t = ms * 1e-3
         e = 2
         block_m = forward_config(d, torch.float16).block_m
-        tr = math.ceil(n / block_m)
-        ideal = b * h * (4 * n * d * e + 4 * n)                        # Q, K, V once, O, LSE
-        nocache = b * h * (2 * n * d * e + tr * 2 * n * d * e + 4 * n)  # Q, O, LSE once; K, V per Q tile
-        reread = nocache - ideal
+        ideal = viz_speed.fa2_bytes(b, h, n, d, block_m, e, reread=False)   # Q, K, V once, O, LSE
+        nocache = viz_speed.fa2_bytes(b, h, n, d, block_m, e)                # Q, O, LSE once; K, V per Q tile
         hbm_max = bw * t
-        share = max(0.0, 1.0 - (hbm_max - ideal) / reread) if reread > 0 else 0.0
+        share = viz_speed.l2_share_min(nocache, ideal, t, bw)
         tflops = 4.0 * b * h * n * n * d / t / 1e12
         rows.append((d, block_m, ms, tflops, ideal / 2**30, nocache / 2**30, hbm_max / 2**30, share))
         del q, k, v, o
