@@ -51,6 +51,21 @@ def find_executed(path: Path, folders: list[Path]):
     return None, stale
 
 
+def with_current_text(executed, path: Path):
+    """The executed notebook with the markdown of the notebook at `path` (their code cells match).
+
+    Prose may be corrected after a GPU run without running again: outputs come only from code cells,
+    so the page takes the outputs from the executed copy and every markdown cell from the notebook
+    as it is now.
+    """
+    current = nbformat.read(path, as_version=4)
+    ran = iter([c for c in executed.cells if c.cell_type == "code"])
+    cells = [next(ran) if c.cell_type == "code" else c for c in current.cells]
+    merged = nbformat.v4.new_notebook(cells=cells, metadata=executed.metadata)
+    merged.nbformat, merged.nbformat_minor = executed.nbformat, executed.nbformat_minor
+    return merged
+
+
 def describe_run(record: dict | None, source: Path) -> str:
     """One sentence on where a page's outputs come from, from the executed copy's run record."""
     if not record:
@@ -130,7 +145,7 @@ def stage(src: Path, folders: list[Path]) -> list[dict]:
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         executed, found = find_executed(path, folders)
         if executed is not None:
-            nb, source = executed, found
+            nb, source = with_current_text(executed, path), found
             kind = "gpu" if (nb.metadata.get("flashlab_run") or {}).get("gpu") else "cpu"
             note = describe_run(nb.metadata.get("flashlab_run"), source)
             admonition = "note"

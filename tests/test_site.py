@@ -144,3 +144,23 @@ def test_page_in_browser(name, site, browser, tmp_path_factory):
         page.close()
     external = browser.external_requests[before:]
     assert not external, f"{name}: the page asked for resources outside the site: {external}"
+
+
+def test_pages_take_prose_from_the_notebook_and_outputs_from_the_run(tmp_path):
+    """A markdown fix after a GPU run reaches the page; the outputs stay those of the run."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
+    build_site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_site)
+    v4 = nbformat.v4
+    ran = v4.new_notebook(cells=[v4.new_markdown_cell("old words"), v4.new_code_cell("print(1)"),
+                                 v4.new_markdown_cell("old end")], metadata={"flashlab_run": {"gpu": "X"}})
+    ran.cells[1].outputs = [v4.new_output("stream", name="stdout", text="1\n")]
+    now = v4.new_notebook(cells=[v4.new_markdown_cell("new words"), v4.new_markdown_cell("added"),
+                                 v4.new_code_cell("print(1)"), v4.new_markdown_cell("new end")])
+    (tmp_path / "nb.ipynb").write_text(nbformat.writes(now))
+    found, _ = build_site.find_executed(tmp_path / "nb.ipynb", [tmp_path / "none", tmp_path])
+    assert found is not None   # the notebook's own file: same code
+    merged = build_site.with_current_text(ran, tmp_path / "nb.ipynb")
+    assert [c.source for c in merged.cells] == ["new words", "added", "print(1)", "new end"]
+    assert merged.cells[2].outputs[0]["text"] == "1\n" and merged.metadata["flashlab_run"] == {"gpu": "X"}
