@@ -25,8 +25,8 @@ import triton.language as tl
 from .. import device  # noqa: F401  (settles TRITON_INTERPRET before the kernel is defined)
 from ..kernels import backward_config
 from ..kernels.backward import flash_bwd_preprocess
+from ..kernels.common import LOG2E_K as LOG2E
 
-LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
