@@ -247,3 +247,47 @@ def fig_grid_order(record, title=None):
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------- autotuning's choices
+
+def autotune_choices(ns, d, dtype=None, causal=False, tokens=16384, hidden=2048) -> list:
+    """Run the op's forward and backward once at each N (B = tokens // N, H = hidden // d) and return
+    the configs autotuning chose for them: ``flashlab.kernels.tuned_configs()`` rows with "N" added.
+    GPU only (the interpreter does not autotune)."""
+    import torch
+
+    from . import kernels
+    from .attention import flash_attention
+    if not kernels.autotune_enabled(torch.empty(0, d, dtype=dtype or torch.float16), 1 << 30):
+        raise RuntimeError("autotuning runs on a CUDA GPU only (and FLASHLAB_AUTOTUNE=0 turns it off)")
+    dtype = dtype or torch.float16
+    rows = []
+    for n in ns:
+        b, h = max(1, tokens // n), max(1, hidden // d)
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        flash_attention(q, k, v, causal).backward(torch.randn(b, h, n, d, device="cuda", dtype=dtype))
+        key = kernels._n_key(n, n)
+        rows += [{"N": n, **c} for c in kernels.tuned_configs()
+                 if c["n_key"] == key and c["head_dim"] == d and c["causal"] == causal
+                 and c["dtype"] == str(dtype).replace("torch.", "")]
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def format_autotune(rows) -> str:
+    """A table: one row per (head dim, N), one column per kernel (forward, dK/dV, dQ), cells
+    "version: BLOCK_M x BLOCK_N, warps w / stages s"."""
+    names = {"fwd": "forward", "dkdv": "dK/dV", "dq": "dQ"}
+    kinds = list(dict.fromkeys(r["kernel"].split()[0] for r in rows))
+    keys = sorted({(r["head_dim"], r["N"]) for r in rows})
+    lines = [f"{'D':>4} {'N':>6}  " + "  ".join(f"{names.get(k, k):>20}" for k in kinds)]
+    for d, n in keys:
+        cells = []
+        for kind in kinds:
+            r = next((r for r in rows if (r["head_dim"], r["N"]) == (d, n) and r["kernel"].split()[0] == kind), None)
+            cells.append(f"{r['kernel'].split()[1]}: {r['block_m']}x{r['block_n']}, {r['num_warps']}w/{r['num_stages']}s"
+                         if r else "-")
+        lines.append(f"{d:>4} {n:>6}  " + "  ".join(f"{c:>20}" for c in cells))
+    return "\n".join(lines)

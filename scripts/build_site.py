@@ -37,33 +37,51 @@ def _code(nb):
     return [c.source.strip() for c in nb.cells if c.cell_type == "code"]
 
 
+def _is_subsequence(ran: list, now: list) -> bool:
+    """Whether the code cells that ran appear, in order and unchanged, among the notebook's code cells now."""
+    it = iter(now)
+    return all(any(cell == c for c in it) for cell in ran)
+
+
 def find_executed(path: Path, folders: list[Path]):
-    """(executed notebook, its file) for the first copy whose code matches `path`'s; (None, stale files)."""
+    """(executed notebook, its file) for the first copy whose code matches `path`'s; (None, stale files).
+
+    A copy matches when its code cells are the notebook's, or the notebook's with some cells added
+    since the run (they show no output on the page, and the page says so); a changed or removed
+    code cell makes the copy stale.
+    """
     want, stale = _code(nbformat.read(path, as_version=4)), []
     for folder in folders:
         for name in (path.name, f"{path.parent.name}-{path.name}"):
             f = folder / name
             if f.is_file():
                 nb = nbformat.read(f, as_version=4)
-                if _code(nb) == want:
+                if _is_subsequence(_code(nb), want):
                     return nb, f
                 stale.append(f)
     return None, stale
 
 
 def with_current_text(executed, path: Path):
-    """The executed notebook with the markdown of the notebook at `path` (their code cells match).
+    """The executed notebook with the markdown of the notebook at `path`; (notebook, code cells added since).
 
     Prose may be corrected after a GPU run without running again: outputs come only from code cells,
     so the page takes the outputs from the executed copy and every markdown cell from the notebook
-    as it is now.
+    as it is now.  A code cell added since the run is shown without output.
     """
     current = nbformat.read(path, as_version=4)
-    ran = iter([c for c in executed.cells if c.cell_type == "code"])
-    cells = [next(ran) if c.cell_type == "code" else c for c in current.cells]
+    ran = [c for c in executed.cells if c.cell_type == "code"]
+    cells, added = [], 0
+    for c in current.cells:
+        if c.cell_type == "code":
+            if ran and ran[0].source.strip() == c.source.strip():
+                c = ran.pop(0)
+            else:
+                c.outputs, c.execution_count, added = [], None, added + 1
+        cells.append(c)
     merged = nbformat.v4.new_notebook(cells=cells, metadata=executed.metadata)
     merged.nbformat, merged.nbformat_minor = executed.nbformat, executed.nbformat_minor
-    return merged
+    return merged, added
 
 
 def describe_run(record: dict | None, source: Path) -> str:
@@ -145,9 +163,13 @@ def stage(src: Path, folders: list[Path]) -> list[dict]:
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
         executed, found = find_executed(path, folders)
         if executed is not None:
-            nb, source = with_current_text(executed, path), found
+            (nb, added), source = with_current_text(executed, path), found
             kind = "gpu" if (nb.metadata.get("flashlab_run") or {}).get("gpu") else "cpu"
             note = describe_run(nb.metadata.get("flashlab_run"), source)
+            if added:
+                many = added > 1
+                note += (f" {added} code cell{'s were' if many else ' was'} added to the notebook after that run "
+                         f"and {'show' if many else 'shows'} no output here.")
             admonition = "note"
         else:
             nb, source, kind, admonition = nbformat.read(path, as_version=4), path, "none", "warning"

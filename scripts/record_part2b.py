@@ -1,11 +1,12 @@
 """Record on a GPU notebook 06's FA1-against-FA2 timings and the L2 (grid order) experiment.
 
-    python3 scripts/record_part2b.py --out flashlab/data/h200_fa1_l2.json     # about 1-2 minutes on an H200
+    python3 scripts/record_part2b.py --out flashlab/data/h200_fa1_l2.json     # about 2-3 minutes on an H200
 
 Checks first (every kernel timed here against SDPA on the same inputs; a wrong one stops the
-script), then times, and prints a short table last.  No autotuning: every kernel runs with the
-forward's first hand-picked tile config (``flashlab.kernels.forward_config``), the same tiles for
-all (the FA1-order kernel with at least 8 warps: ``fa1_config``'s docstring says why).
+script), then times, and prints a short table last.  No autotuning in the timings (only in the
+last section): every kernel runs with the forward's first hand-picked tile config
+(``flashlab.kernels.forward_config``), the same tiles for all (the FA1-order kernel with at least
+8 warps: ``fa1_config``'s docstring says why).
 Timings are medians of ``triton.testing.do_bench_cudagraph`` (CUDA graphs: the FA1-order kernel
 launches once per K/V tile, and the launches' CPU cost is left out for every kernel alike).
 Sections (each also a key of the JSON file):
@@ -23,6 +24,8 @@ Sections (each also a key of the JSON file):
              to different heads; at 16k tokens, B*H = 16-128, they still share some); with the
              bytes the no-cache model needs and the least share of the K/V re-reads that must
              have come from L2 given the measured time and copy bandwidth
+  autotune   the config autotuning picks for the op's forward and both backward kernels (fp16,
+             non-causal, 16k tokens, D = 64 and 128, N = 1024 ... 16384); this section autotunes
 
 Counting DRAM bytes instead of inferring them: with FLASHLAB_NCU=1 the script only runs each grid
 order once (D = 64, N = 16384, non-causal, after one warm-up call) for a profiler to wrap:
@@ -47,6 +50,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a clone: no install needed
 if "--cpu-smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 import flashlab  # noqa: E402,F401,I001  (first: GPU or interpreter)
@@ -58,6 +62,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 NS_FA1 = [1024, 4096, 16384]
+NS_AUTOTUNE = [1024, 2048, 4096, 8192, 16384]
 NS_L2 = [4096, 16384]
 DS = [64, 128]
 
@@ -213,6 +218,8 @@ def main():
     record["matmul"] = [] if smoke else matmul_section()
     record["fa1"] = fa1_section(smoke)
     record["l2"] = l2_section(bw, smoke)
+    # what autotuning picks per sequence length (the op's forward and backward, fp16, non-causal)
+    record["autotune"] = [] if smoke else [r for d in (64, 128) for r in viz_speed.autotune_choices(NS_AUTOTUNE, d)]
     record["timing_fallbacks"] = viz_speed.FALLBACKS
     record["seconds"] = round(time.time() - t0, 1)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -235,6 +242,8 @@ def main():
         print(f"{r['D']:>4} {r['N']:>6} {r['B'] * r['H']:>5} {r['order']:>13} {r['ms']:>8.3f} {r['tflops']:>8.1f} {v1} "
               f"{r['nocache_bytes'] / 2**30:>10.2f} {r['nocache_bytes'] / (r['ms'] * 1e-3) / 1e12:>10.2f} "
               f"{r['hbm_max_bytes'] / 2**30:>12.2f} {100 * r['l2_share_min']:>27.0f}%")
+    if record["autotune"]:
+        print("\nautotuning's choice (fp16, non-causal, 16k tokens):\n" + viz_speed.format_autotune(record["autotune"]))
     print("\n" + viz_speed.fa1_verdict(record) + "\n" + viz_speed.l2_verdict(record))
     print(f"\nwrote {args.out}")
 

@@ -147,20 +147,31 @@ def test_page_in_browser(name, site, browser, tmp_path_factory):
 
 
 def test_pages_take_prose_from_the_notebook_and_outputs_from_the_run(tmp_path):
-    """A markdown fix after a GPU run reaches the page; the outputs stay those of the run."""
+    """A markdown fix after a GPU run reaches the page; the outputs stay those of the run; a code cell
+    added since shows no output; a changed code cell makes the copy stale."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
     build_site = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build_site)
     v4 = nbformat.v4
     ran = v4.new_notebook(cells=[v4.new_markdown_cell("old words"), v4.new_code_cell("print(1)"),
-                                 v4.new_markdown_cell("old end")], metadata={"flashlab_run": {"gpu": "X"}})
-    ran.cells[1].outputs = [v4.new_output("stream", name="stdout", text="1\n")]
-    now = v4.new_notebook(cells=[v4.new_markdown_cell("new words"), v4.new_markdown_cell("added"),
-                                 v4.new_code_cell("print(1)"), v4.new_markdown_cell("new end")])
+                                 v4.new_code_cell("print(2)"), v4.new_markdown_cell("old end")],
+                          metadata={"flashlab_run": {"gpu": "X"}})
+    for c, text in zip(ran.cells[1:3], ("1\n", "2\n")):
+        c.outputs = [v4.new_output("stream", name="stdout", text=text)]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "nb.ipynb").write_text(nbformat.writes(ran))
+    now = v4.new_notebook(cells=[v4.new_markdown_cell("new words"), v4.new_code_cell("print(1)"),
+                                 v4.new_code_cell("print('new')"), v4.new_code_cell("print(2)"),
+                                 v4.new_markdown_cell("new end")])
     (tmp_path / "nb.ipynb").write_text(nbformat.writes(now))
-    found, _ = build_site.find_executed(tmp_path / "nb.ipynb", [tmp_path / "none", tmp_path])
-    assert found is not None   # the notebook's own file: same code
-    merged = build_site.with_current_text(ran, tmp_path / "nb.ipynb")
-    assert [c.source for c in merged.cells] == ["new words", "added", "print(1)", "new end"]
-    assert merged.cells[2].outputs[0]["text"] == "1\n" and merged.metadata["flashlab_run"] == {"gpu": "X"}
+    found, _ = build_site.find_executed(tmp_path / "nb.ipynb", [tmp_path / "run"])
+    assert found is not None
+    merged, added = build_site.with_current_text(found, tmp_path / "nb.ipynb")
+    assert [c.source for c in merged.cells] == ["new words", "print(1)", "print('new')", "print(2)", "new end"]
+    assert [c.outputs[0]["text"] if c.outputs else None for c in merged.cells[1:4]] == ["1\n", None, "2\n"]
+    assert added == 1 and merged.metadata["flashlab_run"] == {"gpu": "X"}
+    now.cells[1].source = "print(10)"          # a code cell that ran has changed: the copy is stale
+    (tmp_path / "nb.ipynb").write_text(nbformat.writes(now))
+    found, stale = build_site.find_executed(tmp_path / "nb.ipynb", [tmp_path / "run"])
+    assert found is None and stale == [tmp_path / "run" / "nb.ipynb"]

@@ -48,3 +48,18 @@ def test_verdicts_follow_the_numbers():
 def test_figures_render():
     for fig in (S.fig_fa1_vs_fa2(_record()), S.fig_grid_order(_record())):
         assert fig.axes and len(viz._png(fig)) > 1000
+
+
+def test_autotune_table_and_its_guard():
+    from flashlab import device, kernels
+    rows = [{"N": 1024, "kernel": "fwd v2", "head_dim": 128, "block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3},
+            {"N": 4096, "kernel": "fwd v3", "head_dim": 128, "block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2},
+            {"N": 4096, "kernel": "dq v2", "head_dim": 128, "block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 3}]
+    lines = S.format_autotune(rows).splitlines()
+    assert lines[0].split() == ["D", "N", "forward", "dQ"]
+    assert lines[1].split() == ["128", "1024", "v2:", "128x64,", "8w/3s", "-"]
+    assert lines[2].split() == ["128", "4096", "v3:", "128x128,", "8w/2s", "v2:", "64x32,", "4w/3s"]
+    if device.DEVICE.type != "cuda":
+        assert kernels.tuned_configs() == []     # the interpreter never autotunes
+        with pytest.raises(RuntimeError, match="GPU only"):
+            S.autotune_choices([1024], 64)

@@ -42,7 +42,7 @@ from .forward_v3 import flash_fwd_kernel_v3
 
 __all__ = ["Config", "forward_configs", "backward_configs", "forward_config", "backward_config",
            "launch_forward", "launch_backward", "FORWARD_VERSIONS", "BACKWARD_VERSIONS",
-           "default_versions", "estimate_shared_memory", "LOG2E"]
+           "default_versions", "estimate_shared_memory", "tuned_configs", "LOG2E"]
 
 FORWARD_VERSIONS = ("v1", "v2", "v3")
 BACKWARD_VERSIONS = ("v1", "v2")
@@ -304,6 +304,18 @@ def _launch_tuned(kind: str, version: str, kern, q, grid, args: tuple, kw: dict)
         _BEST[key] = tuned.best_config
         return
     kern[grid(cfg.kwargs)](*args, **kw, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def tuned_configs() -> list:
+    """What autotuning chose so far in this process: one dict per (kernel, version, dtype, N_KEY,
+    HEAD_DIM, CAUSAL) with the tile shape, warps and pipeline stages (notebook 06 shows them vs N)."""
+    out = []
+    for (kind, version, dtype, _dev, n_key, head_dim, causal, prec), cfg in _BEST.items():
+        out.append({"kernel": f"{kind} {version}", "dtype": str(dtype).replace("torch.", ""), "n_key": n_key,
+                    "head_dim": head_dim, "causal": causal, "precision": prec,
+                    "block_m": cfg.kwargs["BLOCK_M"], "block_n": cfg.kwargs["BLOCK_N"],
+                    "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    return out
 
 
 AUTOTUNE = os.environ.get("FLASHLAB_AUTOTUNE", "1") not in ("0", "", "false", "False")
