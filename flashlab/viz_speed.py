@@ -175,9 +175,12 @@ def l2_verdict(record, threshold=1.1):
     shares = {_key(r): r["l2_share_min"] for r in record["l2"] if r["order"] == "tile-fastest"}
     hits = [x >= threshold for x in clean.values()]
     where = ", ".join(f"D={d} N={n} B*H={bh}" for d, n, bh in clean)
+    proved = any(shares.get(k, 0) > 0 for k in clean)
     if all(hits):
         verdict = (f"With many heads ({where}) the interleaved order is {min(clean.values()):.2f}x slower or more: "
-                   "in the normal order the K/V re-reads are served by L2.")
+                   "the normal order owes that much to K/V re-reads served by L2"
+                   + (", and its time alone proves some of them never reached HBM." if proved else
+                      "; the time alone cannot prove it (its bound is 0 %): a DRAM byte counter would."))
     elif not any(hits):
         verdict = (f"With many heads ({where}) interleaving the heads costs less than {threshold:.1f}x: the timings "
                    "do not show the normal order depending on L2.")

@@ -129,7 +129,7 @@ def fig_peak_memory(ns_by_provider: dict, title="Peak memory of one forward"):
             ax.plot(x, np.asarray(y) / 2**20, "o-", label=p, color=COLORS.get(p))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    return _finish_loglog(fig, ax, "N", "MiB above the inputs", title)
+    return _finish_loglog(fig, ax, "N", "MiB above the inputs and the output", title)
 
 
 def fig_grouped_bars(groups: dict, ylabel: str, title: str = "", log=False, hline=None):

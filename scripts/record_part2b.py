@@ -30,7 +30,7 @@ Sections (each also a key of the JSON file):
 Counting DRAM bytes instead of inferring them: with FLASHLAB_NCU=1 the script only runs each grid
 order once (D = 64, N = 16384, non-causal, after one warm-up call) for a profiler to wrap:
 
-    FLASHLAB_NCU=1 ncu --clock-control none --kernel-name flash_fwd_kernel_ordered --launch-skip 2 --launch-count 2 \\
+    FLASHLAB_NCU=1 ncu --clock-control none --kernel-name flash_fwd_kernel --launch-skip 2 --launch-count 2 \\
         --metrics dram__bytes_read.sum,lts__t_sectors_srcunit_tex_op_read.sum \\
         python3 scripts/record_part2b.py
 

@@ -32,7 +32,10 @@ def test_verdicts_follow_the_numbers():
     assert "12 above" in S.fa1_verdict(_record(3.0))
     assert "12 below" in S.fa1_verdict(_record(1.1))
     assert S.fa2_over_fa1(_record(2.0))[(64, True)] == [(1024, 2.0), (4096, 2.0), (16384, 2.0)]
-    assert "or more: in the normal order the K/V re-reads are served by L2" in S.l2_verdict(_record(1.4, 1.5))
+    v = S.l2_verdict(_record(1.4, 1.5))
+    assert "or more: the normal order owes that much to K/V re-reads served by L2" in v
+    assert ("proves some of them never reached HBM" in v) == any(
+        r["l2_share_min"] > 0 for r in _record(1.4, 1.5)["l2"] if r["order"] == "tile-fastest" and r["B"] * r["H"] >= 64)
     assert "do not show" in S.l2_verdict(_record(1.4, 1.0))
     rec = _record(1.4, 1.0)               # only the many-heads rows (B*H >= 4 x SMs) decide
     rec["machine"] = {"sms": 8}

@@ -33,14 +33,21 @@ def tile_ptrs(base, row0, offs_r, offs_d, stride_r, stride_d):
 
 
 @triton.jit
-def program_tile(n_tiles, H):
+def program_tile(n_tiles, H, HEAD_FASTEST: tl.constexpr = False):
     """(tile, batch, head) of this program on a 1-D grid of n_tiles * B * H programs.
 
     One grid axis, tile index fastest: programs launched together share a (batch, head),
     so its K and V stay in L2, as with a (n_tiles, B*H) grid, but without grid axis 1's
     limit of 65535 (B*H may be anything; axis 0 allows 2^31 - 1 programs).
+    HEAD_FASTEST puts the (batch, head) index fastest instead: programs launched together
+    then belong to different heads (notebook 06's L2 experiment; no kernel uses it by default).
     """
     pid = tl.program_id(0)
-    tile = pid % n_tiles
-    off_bh = pid // n_tiles
+    if HEAD_FASTEST:
+        bh = tl.num_programs(0) // n_tiles
+        tile = pid // bh
+        off_bh = pid % bh
+    else:
+        tile = pid % n_tiles
+        off_bh = pid // n_tiles
     return tile, off_bh // H, off_bh % H

@@ -71,10 +71,12 @@ def flash_fwd_kernel(
     stride_lb, stride_lh, stride_lm,
     H, Nq, Nk, qk_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_FASTEST: tl.constexpr = False,
 ):
-    """O (B, H, Nq, D) and LSE (B, H, Nq) float32, from Q (B, H, Nq, D), K, V (B, H, Nk, D); any strides."""
-    start_m, off_b, off_h = program_tile(tl.cdiv(Nq, BLOCK_M), H)   # which Q tile, batch, head
+    """O (B, H, Nq, D) and LSE (B, H, Nq) float32, from Q (B, H, Nq, D), K, V (B, H, Nk, D); any strides.
+
+    HEAD_FASTEST (default off) only changes the grid order, for notebook 06's L2 experiment."""
+    start_m, off_b, off_h = program_tile(tl.cdiv(Nq, BLOCK_M), H, HEAD_FASTEST)   # which Q tile, batch, head
 
     offs_r = tl.arange(0, BLOCK_M)                       # rows inside the Q tile
     offs_m = start_m * BLOCK_M + offs_r                  # query rows i of this tile

@@ -35,9 +35,9 @@ output dtype and the natural-log LSE, L = m + log l.  Causal (top-left, query i 
 the launch for K/V tile j only has programs for the Q tiles that see some key of it (block
 skipping); every row sees key 0, so m is finite after the first step and no row is left empty.
 
-**Program order** (``flash_fwd_kernel_ordered``): flashlab's v1 forward (its inner loop,
-:func:`flashlab.kernels.forward._fwd_inner`, is reused, not copied) with a choice of which index
-runs fastest along the 1-D grid.  ``HEAD_FASTEST=False`` is v1's order (the Q tile index fastest:
+**Program order** (:func:`ordered_forward`): flashlab's v1 forward, the same kernel, launched with
+a choice of which index runs fastest along the 1-D grid (its constexpr ``HEAD_FASTEST``, off by
+default, only changes :func:`flashlab.kernels.common.program_tile`).  ``HEAD_FASTEST=False`` is v1's order (the Q tile index fastest:
 programs that run together share one (batch, head) and stream the same K/V tiles at the same time,
 so one HBM read can serve many of them from L2); ``HEAD_FASTEST=True`` puts the (batch, head) index
 fastest, so programs that run together belong to different heads and a K/V tile is needed again
@@ -57,9 +57,9 @@ import triton.language as tl
 from .. import device  # noqa: F401  (settles TRITON_INTERPRET before the kernels are defined)
 from ..kernels import Config, forward_config
 from ..kernels.common import LN2_K, LOG2E, head_base, tile_ptrs
-from ..kernels.forward import _fwd_inner
+from ..kernels.forward import flash_fwd_kernel
 
-__all__ = ["fa1_config", "fa1_forward", "flash_fwd_fa1_step", "ordered_forward", "flash_fwd_kernel_ordered"]
+__all__ = ["fa1_config", "fa1_forward", "flash_fwd_fa1_step", "ordered_forward"]
 
 
 @triton.jit(do_not_specialize=["start_n", "first_tile"])   # one compiled kernel for every step
@@ -181,72 +181,16 @@ def fa1_forward(q, k, v, o, lse, causal: bool, scale: float | None = None, *, co
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-@triton.jit
-def flash_fwd_kernel_ordered(
-    Q, K, V, O, LSE,
-    stride_qb, stride_qh, stride_qm, stride_qd,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
-    stride_lb, stride_lh, stride_lm,
-    H, BH, Nq, Nk, qk_scale,
-    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, HEAD_FASTEST: tl.constexpr,
-):
-    """flashlab's v1 forward with the grid order chosen: HEAD_FASTEST puts the (batch, head) index fastest."""
-    n_tiles = tl.cdiv(Nq, BLOCK_M)
-    pid = tl.program_id(0)
-    if HEAD_FASTEST:
-        start_m = pid // BH                                   # consecutive programs: different heads
-        off_bh = pid % BH
-    else:
-        start_m = pid % n_tiles                               # v1's order (common.program_tile)
-        off_bh = pid // n_tiles
-    off_b = off_bh // H
-    off_h = off_bh % H
-
-    offs_r = tl.arange(0, BLOCK_M)
-    offs_m = start_m * BLOCK_M + offs_r
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = tile_ptrs(head_base(Q, off_b, off_h, stride_qb, stride_qh), start_m * BLOCK_M, offs_r, offs_d,
-                       stride_qm, stride_qd)
-    k_base = head_base(K, off_b, off_h, stride_kb, stride_kh)
-    v_base = head_base(V, off_b, off_h, stride_vb, stride_vh)
-    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < Nq, other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    if CAUSAL:
-        hi = tl.minimum((start_m + 1) * BLOCK_M, Nk)
-        diag_lo = tl.minimum((start_m * BLOCK_M) // BLOCK_N * BLOCK_N, hi)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
-                                   offs_m, offs_n, Nk, qk_scale, 0, diag_lo, False, BLOCK_N, DOT_PRECISION)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
-                                   offs_m, offs_n, Nk, qk_scale, diag_lo, hi, True, BLOCK_N, DOT_PRECISION)
-    else:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
-                                   offs_m, offs_n, Nk, qk_scale, 0, Nk, False, BLOCK_N, DOT_PRECISION)
-    acc = acc / l_i[:, None]
-    lse = (m_i + tl.math.log2(l_i)) * LN2_K
-    row_ok = offs_m < Nq
-    tl.store(head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm, lse, mask=row_ok)
-    o_ptrs = tile_ptrs(head_base(O, off_b, off_h, stride_ob, stride_oh), start_m * BLOCK_M, offs_r, offs_d,
-                       stride_om, stride_od)
-    tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
-
-
 def ordered_forward(q, k, v, o, lse, causal: bool, scale: float | None = None, *, head_fastest: bool = False,
                     config: Config | None = None):
-    """flashlab's v1 forward launched with the (batch, head) index fastest (``head_fastest``) or the Q tile's."""
+    """flashlab's v1 forward (the same kernel) launched with the (batch, head) index fastest in the grid
+    (``head_fastest``) or the Q tile's (v1's own order)."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     cfg = config or forward_config(D, q.dtype)
-    flash_fwd_kernel_ordered[(triton.cdiv(Nq, cfg.block_m) * B * H,)](
+    flash_fwd_kernel[(triton.cdiv(Nq, cfg.block_m) * B * H,)](
         q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
-        H, B * H, Nq, Nk, scale * LOG2E,
+        H, Nq, Nk, scale * LOG2E,
         CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D, DOT_PRECISION="ieee",
         HEAD_FASTEST=head_fastest, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
