@@ -46,7 +46,10 @@ def learner_kernel():
     for cell in nb["cells"]:
         src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
         if cell["cell_type"] == "code" and 'grade("flash_forward"' in src:
-            body = "\n".join(l for l in src.splitlines() if not l.startswith("grade("))
+            # the cell's code up to the grading lines at its end ("result = grade(...)", "result")
+            lines = src.splitlines()
+            cut = next(i for i, l in enumerate(lines) if not l.startswith((" ", "\t")) and "grade(" in l)
+            body = "\n".join(lines[:cut])
             # a real file, so that @triton.jit can read the kernel's source
             path = Path(tempfile.mkdtemp()) / "learner_flash_forward.py"
             path.write_text("import flashlab\nimport math\nimport torch\nimport triton\n"
