@@ -277,3 +277,18 @@ def test_gpu_tuned_launch_remembers_and_agrees():
     assert kernels._BEST[key] == kernels._TUNED[("fwdv2", 64, torch.float16)].best_config
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     assert (outs[1].float() - ref).abs().max() < 1e-2
+
+
+def test_default_versions_follow_the_measurements(monkeypatch):
+    """The choice docs/BENCHMARKS.md measured: v3 on Hopper from the 2048 bucket, v2 below (v1 when short
+    and not causal, no autotuning there), v1 for fp32 and head dims above 128; backward v2 but for those."""
+    fp16 = torch.float16
+    for cc, long_fwd in (((9, 0), "v3"), ((8, 0), "v2"), (None, "v2")):
+        monkeypatch.setattr(kernels.device, "capability", lambda cc=cc: cc)
+        assert kernels.default_versions(fp16, 64, 4096, True) == {"fwd": long_fwd, "bwd": "v2"}
+        assert kernels.default_versions(fp16, 128, 2048, False)["fwd"] == long_fwd
+        assert kernels.default_versions(fp16, 64, 1024, False)["fwd"] == "v2"
+        assert kernels.default_versions(fp16, 64, 512, True)["fwd"] == "v2"
+        assert kernels.default_versions(fp16, 64, 512, False) == {"fwd": "v1", "bwd": "v2"}
+        assert kernels.default_versions(torch.float32, 64, 4096, True) == {"fwd": "v1", "bwd": "v1"}
+        assert kernels.default_versions(fp16, 256, 4096, True) == {"fwd": "v1", "bwd": "v1"}

@@ -205,19 +205,29 @@ def _tma_ok(*tensors) -> bool:
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
 
 
-def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None) -> dict:
+def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None,
+                     causal: bool | None = None) -> dict:
     """The fastest correct versions for this device and problem: {"fwd": ..., "bwd": ...}.
 
-    Chosen by the H200 measurements in docs/BENCHMARKS.md: forward v3 (tensor descriptors)
-    on Hopper (compute capability 9.0) for sequences of more than 1024 (``n_key``, the
-    autotuning bucket, at least V3_FROM), v2 elsewhere: each v3 program builds its
-    descriptors first, which short sequences, with few K/V tiles per program, do not earn
-    back (at N = 256-1024 v3 measured 0.5-0.95x v2).  Backward v2.  fp32 and head dims
-    above 128 keep v1: their dot products run on FMA units, where the masks v2 removes
-    cost nothing noticeable, and v2's extra loop copies multiply the compile time.
+    Chosen by the H200 measurements in docs/BENCHMARKS.md (2026-11-30, short sequences):
+
+    * forward v3 (tensor descriptors) on Hopper (compute capability 9.0) for sequences of more
+      than 1024 (``n_key``, the autotuning bucket, at least V3_FROM): each v3 program builds its
+      descriptors first, which short sequences, with few K/V tiles per program, do not earn back
+      (at N = 256-1024 v3 measured 0.5-0.95x v2);
+    * below the 1024 bucket, where no version autotunes, v1 for non-causal attention (at the same
+      hand-picked tiles v2's second copy of the loop costs more than the masks it removes: v1
+      measured 1.03-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
+      tiles win there);
+    * backward v2.
+
+    fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
+    v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
     """
     if dtype == torch.float32 or head_dim > 128:
         return {"fwd": "v1", "bwd": "v1"}
+    if n_key is not None and n_key < 1024 and causal is False:
+        return {"fwd": "v1", "bwd": "v2"}
     cc = device.capability()
     long_enough = n_key is None or n_key >= V3_FROM
     return {"fwd": "v3" if (cc is not None and cc[0] >= 9 and long_enough) else "v2", "bwd": "v2"}
@@ -344,7 +354,7 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
     """
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    version = version or default_versions(q.dtype, D, _n_key(Nq, Nk))["fwd"]
+    version = version or default_versions(q.dtype, D, _n_key(Nq, Nk), causal)["fwd"]
     if version not in FORWARD_VERSIONS:
         raise ValueError(f"version must be one of {FORWARD_VERSIONS}, got {version!r}")
     if version == "v3" and not _tma_ok(q, k, v, o):
