@@ -217,7 +217,7 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
       (at N = 256-1024 v3 measured 0.5-0.95x v2);
     * below the 1024 bucket, where no version autotunes, v1 for non-causal attention (at the same
       hand-picked tiles v2's second copy of the loop costs more than the masks it removes: v1
-      measured 1.03-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
+      measured 1.07-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
       tiles win there);
     * backward v2.
 
