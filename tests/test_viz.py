@@ -15,6 +15,11 @@ def test_all_figures_render():
     rng = np.random.default_rng(0)
     _render(viz.fig_memory_vs_n([256, 512, 1024], measured={"naive": [1e6, 4e6, 1.6e7]}))
     _render(viz.fig_roofline({"naive": (1e9, 1e8), "fused": (1e9, 1e6, 3e14)}))
+    fig = viz.fig_roofline({"v1": (1e9, 1e5, 4.5e14), "v2": (1e9, 1e5, 4.6e14), "bound only": (1e9, 1e7)})
+    inset = fig.axes[0].child_axes[0]          # several measured points: their values as bars, readable
+    assert [t.get_text() for t in inset.get_yticklabels()] == ["v1", "v2"]
+    assert [round(p.get_width()) for p in inset.patches] == [450, 460]
+    _render(fig)
     _render(viz.fig_op_breakdown({"QK^T": 1.0, "softmax": 0.5}, 0.3))
     _render(viz.fig_online_softmax(rng.standard_normal(20), 4, step=2))
     _render(viz.fig_tiles(100, 130, 32, 32, step=3, order="fa1", causal=True))
