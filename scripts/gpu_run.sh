@@ -2,6 +2,10 @@
 # Checks and timings on a GPU machine in one call.
 #   bash scripts/gpu_run.sh OUTDIR tests           the whole test suite on CUDA (executed notebooks kept)
 #   bash scripts/gpu_run.sh OUTDIR bench [ARGS]    peak memory at N=16384, then python -m flashlab bench ARGS
+#   bash scripts/gpu_run.sh OUTDIR record          the recordings the notebooks show on a CPU (notebook 06's
+#                                                  FA1/L2/autotune, the short-problem probe), then every
+#                                                  lecture notebook executed for the site (over 10 minutes
+#                                                  on an H200: split it across calls where calls are limited)
 # Python packages the machine lacks may be put as wheels in .whl/ (installed into /tmp/site).
 set -uo pipefail
 out=${1:-.out}; what=${2:-tests}; shift 2 || true
@@ -12,7 +16,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -m flashlab env | tee "$out/env.txt"
-if [ "$what" = tests ]; then
+if [ "$what" = record ]; then
+  python3 scripts/record_part2b.py --out "$out/h200_fa1_l2.json" 2>&1 | tee "$out/record_part2b.txt" | tail -30
+  python3 scripts/small_problems.py > "$out/small_problems.txt" 2>&1; sed -n '/=== host work/,$p' "$out/small_problems.txt"
+  python3 scripts/execute_for_site.py --out "$out/executed" 2>&1 | tee "$out/site.txt" | tail -15
+  (cd "$out" && tar czf executed.tgz executed && rm -rf executed)   # one file: calls return a limited number
+elif [ "$what" = tests ]; then
   FLASHLAB_EXECUTED_DIR="$out/executed" python3 -m pytest -q -p no:cacheprovider --durations=15 2>&1 \
     | tee "$out/pytest.txt" | tail -40
   (cd "$out" && tar czf executed.tgz executed && rm -rf executed)
