@@ -4,8 +4,8 @@
 #   bash scripts/gpu_run.sh OUTDIR bench [ARGS]    peak memory at N=16384, then python -m flashlab bench ARGS
 #   bash scripts/gpu_run.sh OUTDIR record          the recordings the notebooks show on a CPU (notebook 06's
 #                                                  FA1/L2/autotune, the short-problem probe), then every
-#                                                  lecture notebook executed for the site (over 10 minutes
-#                                                  on an H200: split it across calls where calls are limited)
+#                                                  lecture notebook executed for the site (15-20 minutes
+#                                                  on an H200, most of it notebooks 05 and 06)
 # Python packages the machine lacks may be put as wheels in .whl/ (installed into /tmp/site).
 set -uo pipefail
 out=${1:-.out}; what=${2:-tests}; shift 2 || true
