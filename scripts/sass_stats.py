@@ -19,7 +19,7 @@ CUBIN = os.path.join(tempfile.gettempdir(), "flashlab_sass_stats.cubin")
 def stats(fn, causal, D, BM, BN, w, s):
     names = fn.arg_names
     sig, consts = {}, {}
-    vals = dict(CAUSAL=causal, BLOCK_M=BM, BLOCK_N=BN, HEAD_DIM=D, DOT_PRECISION="ieee")
+    vals = dict(CAUSAL=causal, BLOCK_M=BM, BLOCK_N=BN, HEAD_DIM=D, DOT_PRECISION="ieee", HEAD_FASTEST=False)
     for n in names:
         if n in vals: sig[n] = "constexpr"; consts[(names.index(n),)] = vals[n]
         elif n[0].isupper() and n not in ("H", "Nq", "Nk", "N_KEY"): sig[n] = "*fp32" if n in FP32 else "*fp16"
