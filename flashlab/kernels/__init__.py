@@ -12,6 +12,7 @@ was predicted to gain and what it measured):
                v3 forward_v3.py   v2 through tensor descriptors (TMA on Hopper); autotuned
     backward   v1 backward.py     three kernels (Delta, dK/dV, dQ), masks on every tile
                v2 backward_v2.py  diagonal / off-diagonal split, base-2 LSE inside; autotuned
+               v3 backward_v3.py  one pass: five products per tile pair, dQ added in bulk (TMA reduce); autotuned
 
 Tile configs.  Each kernel has a list of hand-picked configs in order of preference.
 A config whose estimated shared memory exceeds the GPU's (``device.shared_memory_per_block``:
@@ -35,6 +36,7 @@ device.require_triton("flashlab.kernels")  # a clear message (and Colab) instead
 import triton  # noqa: E402
 from .backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess
 from .backward_v2 import flash_bwd_dkdv_kernel_v2, flash_bwd_dq_kernel_v2
+from .backward_v3 import flash_bwd_kernel_v3
 from .common import LOG2E
 from .forward import flash_fwd_kernel
 from .forward_v2 import flash_fwd_kernel_v2
@@ -45,7 +47,7 @@ __all__ = ["Config", "forward_configs", "backward_configs", "forward_config", "b
            "default_versions", "estimate_shared_memory", "tuned_configs", "LOG2E"]
 
 FORWARD_VERSIONS = ("v1", "v2", "v3")
-BACKWARD_VERSIONS = ("v1", "v2")
+BACKWARD_VERSIONS = ("v1", "v2", "v3")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ def estimate_shared_memory(kernel: str, cfg: Config, head_dim: int, elt: int, cc
         rows, streamed, extra = 2 * cfg.block_n, 2 * cfg.block_m, 2 * cfg.block_m * cfg.block_n
     elif kernel == "dq":     # stationary Q, dO (block_m rows); streamed K, V (block_n rows)
         rows, streamed, extra = 2 * cfg.block_m, 2 * cfg.block_n, 2 * cfg.block_m * cfg.block_n
+    elif kernel == "bwd":    # backward v3: dkdv's tiles plus the float32 dQ tile it reduces
+        rows, streamed = 2 * cfg.block_n, 2 * cfg.block_m
+        extra = 2 * cfg.block_m * cfg.block_n + (4 * cfg.block_m * head_dim) // elt
     else:
         raise ValueError(kernel)
     if cc is not None and tuple(cc) < (8, 0):
@@ -110,6 +115,13 @@ def backward_configs(head_dim: int, dtype: torch.dtype) -> list:
                 (C(32, 32, 4, 1), C(32, 32, 4, 1))]
     return [(C(64, 128, 8, 3), C(128, 64, 8, 3)), (C(64, 64, 4, 2), C(64, 64, 4, 2)),
             (C(32, 64, 4, 2), C(64, 32, 4, 2)), (C(32, 32, 4, 1), C(32, 32, 4, 1))]
+
+
+def backward_v3_configs(head_dim: int, dtype: torch.dtype) -> list:
+    """Hand-picked configs of backward v3 (one kernel: K/V tiles of block_n rows, Q tiles of block_m), best first."""
+    if head_dim <= 64:
+        return [C(64, 128, 8, 2), C(32, 128, 4, 3), C(32, 64, 4, 2), C(32, 32, 4, 1)]
+    return [C(64, 128, 8, 2), C(64, 64, 4, 2), C(32, 64, 4, 2), C(32, 32, 4, 1)]
 
 
 def forward_config(head_dim: int, dtype: torch.dtype) -> Config:
@@ -259,9 +271,12 @@ def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype) -> list:
     elif kernel == "dkdv":
         shapes = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 4, 5),
                   (64, 128, 8, 2), (64, 64, 4, 4), (32, 64, 4, 4)]
-    else:
+    elif kernel == "dq":
         shapes = [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 5),
                   (128, 64, 8, 2), (64, 64, 4, 4), (64, 32, 4, 4)]
+    else:   # backward v3
+        shapes = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3),
+                  (32, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 2)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
@@ -291,6 +306,7 @@ def _tuned(name: str, kernel, kind: str, head_dim: int, dtype):
     if k not in _TUNED:
         _TUNED[k] = triton.autotune(configs=_autotune_list(kind, head_dim, dtype), key=_KEY,
                                     prune_configs_by={"early_config_prune": _prune(kind)},
+                                    reset_to_zero=["DQ_ACC"] if kind == "bwd" else None,   # v3 adds into it
                                     do_bench=_quick_bench)(kernel)
     return _TUNED[k]
 
@@ -399,6 +415,8 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         raise ValueError(f"version must be one of {BACKWARD_VERSIONS}, got {version!r}")
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
+    if version == "v3" and not _tma_ok(q, k, v, do, dk, dv):
+        version = "v2"
     prec = _dot_precision(q.dtype, allow_tf32)
     delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
     pre_m = 64 if not device.INTERPRET else 32
@@ -406,6 +424,8 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         o, do, delta, *o.stride(), *do.stride(), H, Nq, BLOCK_M=pre_m, HEAD_DIM=D)
 
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    if version == "v3":
+        return _launch_backward_v3(q, k, v, do, lse, delta, dq, dk, dv, common, causal, scale, prec, config)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *lse.stride(), H, Nq, Nk)
     dq_args = (q, k, v, do, lse, delta, dq, *common, *dq.stride(), *lse.stride(), H, Nq, Nk)
     if version == "v1":
@@ -444,3 +464,32 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         return _fitting_pairs(backward_configs(D, q.dtype), D, q.dtype)
     _launch_first_that_fits(("dkdv", version, D, q.dtype, q.device.index), lambda: [p[0] for p in pairs()], launch_dkdv)
     _launch_first_that_fits(("dq", version, D, q.dtype, q.device.index), lambda: [p[1] for p in pairs()], launch_dq)
+
+
+def _launch_backward_v3(q, k, v, do, lse, delta, dq, dk, dv, common, causal, scale, prec, config):
+    """Backward v3: one kernel adds dQ into a float32 buffer; dQ = scale * buffer."""
+    _ensure_allocator()
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    dq_acc = torch.zeros((B, H, Nq, D), device=q.device, dtype=torch.float32)
+    cc = device.capability()
+    args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common, *dk.stride(), *dv.stride(), *lse.stride(),
+            H, Nq, Nk, scale, scale * LOG2E, _n_key(Nq, Nk))
+    kw = dict(CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec,
+              TMA_REDUCE=(not device.INTERPRET and cc is not None and cc[0] >= 9))
+
+    def launch(c):
+        flash_bwd_kernel_v3[_grid_1d(triton.cdiv(Nk, c.block_n), B * H)](
+            *args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, **kw)
+
+    if config is not None:
+        launch(config[0] if isinstance(config, tuple) else config)
+    elif device.INTERPRET:
+        launch(C(32, 32))
+    elif autotune_enabled(q, _n_key(Nq, Nk)):
+        _launch_tuned("bwd", "v3", flash_bwd_kernel_v3, q, lambda m: _grid_1d(triton.cdiv(Nk, m["BLOCK_N"]), B * H),
+                      args, kw)
+    else:
+        _launch_first_that_fits(("bwd", "v3", D, q.dtype, q.device.index),
+                                lambda: _fitting(backward_v3_configs(D, q.dtype), "bwd", D, q.dtype), launch)
+    dq.copy_(dq_acc.mul_(scale))
