@@ -245,17 +245,17 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
     return {"fwd": "v3" if (cc is not None and cc[0] >= 9 and long_enough) else "v2", "bwd": "v2"}
 
 
-_ALLOCATOR_SET = False
+def _alloc(size: int, alignment: int, stream):
+    return torch.empty(size, device=device.DEVICE, dtype=torch.int8)
 
 
 def _ensure_allocator():
-    """Descriptors built on the device need a global scratch buffer from an allocator."""
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET:
-        def alloc(size: int, alignment: int, stream):
-            return torch.empty(size, device=device.DEVICE, dtype=torch.int8)
-        triton.set_allocator(alloc)
-        _ALLOCATOR_SET = True
+    """Descriptors built on the device need a global scratch buffer from an allocator.
+
+    Set on every launch that needs it: Triton keeps the allocator in a context variable, which
+    a new thread does not inherit (autograd runs the backward on a thread of its own).
+    """
+    triton.set_allocator(_alloc)
 
 
 # ----------------------------------------------------------------------------------------- autotuning
