@@ -282,7 +282,7 @@ def autotune_choices(ns, d, dtype=None, causal=False, tokens=16384, hidden=2048)
 def format_autotune(rows) -> str:
     """A table: one row per (head dim, N), one column per kernel (forward, dK/dV, dQ), cells
     "version: BLOCK_M x BLOCK_N, warps w / stages s"."""
-    names = {"fwd": "forward", "dkdv": "dK/dV", "dq": "dQ"}
+    names = {"fwd": "forward", "dkdv": "dK/dV", "dq": "dQ", "bwd": "one-pass backward"}
     kinds = list(dict.fromkeys(r["kernel"].split()[0] for r in rows))
     keys = sorted({(r["head_dim"], r["N"]) for r in rows})
     lines = [f"{'D':>4} {'N':>6}  " + "  ".join(f"{names.get(k, k):>20}" for k in kinds)]

@@ -280,15 +280,23 @@ def test_gpu_tuned_launch_remembers_and_agrees():
 
 
 def test_default_versions_follow_the_measurements(monkeypatch):
-    """The choice docs/BENCHMARKS.md measured: v3 on Hopper from the 2048 bucket, v2 below (v1 when short
-    and not causal, no autotuning there), v1 for fp32 and head dims above 128; backward v2 but for those."""
+    """The choice docs/BENCHMARKS.md measured: forward v3 on Hopper from the 2048 bucket, v2 below (v1
+    when short and not causal, no autotuning there); backward v3 on Hopper from the same bucket at
+    D <= 64, v2 otherwise, and v2 whenever torch asks for deterministic algorithms; v1 for fp32 and
+    head dims above 128."""
     fp16 = torch.float16
     for cc, long_fwd in (((9, 0), "v3"), ((8, 0), "v2"), (None, "v2")):
+        long_bwd = "v3" if cc == (9, 0) else "v2"
         monkeypatch.setattr(kernels.device, "capability", lambda cc=cc: cc)
-        assert kernels.default_versions(fp16, 64, 4096, True) == {"fwd": long_fwd, "bwd": "v2"}
+        assert kernels.default_versions(fp16, 64, 4096, True) == {"fwd": long_fwd, "bwd": long_bwd}
+        assert kernels.default_versions(torch.bfloat16, 64, 16384, False)["bwd"] == long_bwd
+        assert kernels.default_versions(fp16, 128, 4096, True)["bwd"] == "v2"     # v3 spills at D = 128
         assert kernels.default_versions(fp16, 128, 2048, False)["fwd"] == long_fwd
-        assert kernels.default_versions(fp16, 64, 1024, False)["fwd"] == "v2"
+        assert kernels.default_versions(fp16, 64, 1024, False) == {"fwd": "v2", "bwd": "v2"}
         assert kernels.default_versions(fp16, 64, 512, True)["fwd"] == "v2"
         assert kernels.default_versions(fp16, 64, 512, False) == {"fwd": "v1", "bwd": "v2"}
         assert kernels.default_versions(torch.float32, 64, 4096, True) == {"fwd": "v1", "bwd": "v1"}
         assert kernels.default_versions(fp16, 256, 4096, True) == {"fwd": "v1", "bwd": "v1"}
+        monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+        assert kernels.default_versions(fp16, 64, 4096, True)["bwd"] == "v2"      # bitwise reproducible dQ
+        monkeypatch.undo()

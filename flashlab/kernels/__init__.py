@@ -120,8 +120,8 @@ def backward_configs(head_dim: int, dtype: torch.dtype) -> list:
 def backward_v3_configs(head_dim: int, dtype: torch.dtype) -> list:
     """Hand-picked configs of backward v3 (one kernel: K/V tiles of block_n rows, Q tiles of block_m), best first."""
     if head_dim <= 64:
-        return [C(64, 128, 8, 2), C(32, 128, 4, 3), C(32, 64, 4, 2), C(32, 32, 4, 1)]
-    return [C(64, 128, 8, 2), C(64, 64, 4, 2), C(32, 64, 4, 2), C(32, 32, 4, 1)]
+        return [C(64, 64, 4, 3), C(64, 64, 4, 2), C(32, 64, 4, 2), C(32, 32, 4, 1)]
+    return [C(64, 128, 8, 3), C(32, 64, 4, 3), C(64, 64, 4, 2), C(32, 32, 4, 1)]
 
 
 def forward_config(head_dim: int, dtype: torch.dtype) -> Config:
@@ -217,11 +217,14 @@ def _tma_ok(*tensors) -> bool:
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
 
 
+BWD_V3_MAX_HEAD_DIM = 64   # backward v3 up to this head dim (at 128 its accumulators spill: v2 is faster there)
+
+
 def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None,
                      causal: bool | None = None) -> dict:
     """The fastest correct versions for this device and problem: {"fwd": ..., "bwd": ...}.
 
-    Chosen by the H200 measurements in docs/BENCHMARKS.md (2026-11-30, short sequences):
+    Chosen by the H200 measurements in docs/BENCHMARKS.md (2026-11-30):
 
     * forward v3 (tensor descriptors) on Hopper (compute capability 9.0) for sequences of more
       than 1024 (``n_key``, the autotuning bucket, at least V3_FROM): each v3 program builds its
@@ -231,18 +234,27 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
       hand-picked tiles v2's second copy of the loop costs more than the masks it removes: v1
       measured 1.07-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
       tiles win there);
-    * backward v2.
+    * backward v3 (one pass, dQ reduced through TMA) on Hopper at head dims up to 64 and the same
+      sequence lengths as forward v3; v2 otherwise.  At D = 128 v3's two (BLOCK_N, 128) float32
+      accumulators plus the dQ tile spill registers and v2 is faster.  v3's dQ is not bitwise
+      reproducible (the adds arrive in any order): with ``torch.use_deterministic_algorithms(True)``
+      the backward is v2, which is.
 
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
     v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
     """
     if dtype == torch.float32 or head_dim > 128:
         return {"fwd": "v1", "bwd": "v1"}
-    if n_key is not None and n_key < 1024 and causal is False:
-        return {"fwd": "v1", "bwd": "v2"}
     cc = device.capability()
     long_enough = n_key is None or n_key >= V3_FROM
-    return {"fwd": "v3" if (cc is not None and cc[0] >= 9 and long_enough) else "v2", "bwd": "v2"}
+    hopper = cc is not None and cc[0] >= 9
+    bwd = "v2"
+    if (hopper and long_enough and head_dim <= BWD_V3_MAX_HEAD_DIM
+            and not torch.are_deterministic_algorithms_enabled()):
+        bwd = "v3"
+    if n_key is not None and n_key < 1024 and causal is False:
+        return {"fwd": "v1", "bwd": bwd}
+    return {"fwd": "v3" if (hopper and long_enough) else "v2", "bwd": bwd}
 
 
 def _alloc(size: int, alignment: int, stream):
@@ -274,9 +286,10 @@ def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype) -> list:
     elif kernel == "dq":
         shapes = [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 5),
                   (128, 64, 8, 2), (64, 64, 4, 4), (64, 32, 4, 4)]
-    else:   # backward v3
-        shapes = [(64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3),
-                  (32, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 2)]
+    elif head_dim <= 64:   # backward v3 (the H200's best at D = 64 in docs/BENCHMARKS.md, and neighbours)
+        shapes = [(64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3), (128, 64, 4, 3)]
+    else:
+        shapes = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
 
 
@@ -410,7 +423,7 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     ``config``: (dK/dV config, dQ config) forces the tiles (no autotuning, no fallback).
     ``version``: one of BACKWARD_VERSIONS (default: :func:`default_versions`).
     """
-    version = version or default_versions(q.dtype, q.shape[-1])["bwd"]
+    version = version or default_versions(q.dtype, q.shape[-1], _n_key(q.shape[2], k.shape[2]), causal)["bwd"]
     if version not in BACKWARD_VERSIONS:
         raise ValueError(f"version must be one of {BACKWARD_VERSIONS}, got {version!r}")
     B, H, Nq, D = q.shape
@@ -476,7 +489,8 @@ def _launch_backward_v3(q, k, v, do, lse, delta, dq, dk, dv, common, causal, sca
     args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common, *dk.stride(), *dv.stride(), *lse.stride(),
             H, Nq, Nk, scale, scale * LOG2E, _n_key(Nq, Nk))
     kw = dict(CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec,
-              TMA_REDUCE=(not device.INTERPRET and cc is not None and cc[0] >= 9))
+              TMA_REDUCE=(not device.INTERPRET and cc is not None and cc[0] >= 9),
+              SPREAD=D > 64)   # measured: spreading the adds gains 1-5 % at D = 128 and costs 0-3 % at D = 64
 
     def launch(c):
         flash_bwd_kernel_v3[_grid_1d(triton.cdiv(Nk, c.block_n), B * H)](

@@ -54,7 +54,7 @@ def _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_ptrs, lse_base, del
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T / s (BLOCK_N, BLOCK_M)
         if MASK_CAUSAL:
             s_t = tl.where(offs_n[:, None] <= rows[None, :], s_t, float("-inf"))    # j <= i
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                          # P^T
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                          # P^T: one FMA, exp2
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)        # dV_j += P^T dO_i
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # dP^T = V_j dO_i^T
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)                          # dS^T
