@@ -1,6 +1,6 @@
 """Shared memory each tile config needs on each GPU the course names, by compiling for it.
 
-    TRITON_INTERPRET=0 python scripts/shared_memory.py [--quick] [--targets 75 89]
+    TRITON_INTERPRET=0 [KERNELS=fwd,dkdv,dq,bwd] python scripts/shared_memory.py [--quick] [--targets 75 89]
 
 No GPU is needed: Triton compiles for a target (GPUTarget("cuda", 75, 32) is a T4) and
 reports the shared memory of the compiled kernel.  For every kernel, head dim and target
@@ -18,21 +18,22 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from flashlab import kernels  # noqa: E402
-from flashlab.kernels import backward_v2, forward_v2  # noqa: E402
+from flashlab.kernels import backward_v2, backward_v3, forward_v2  # noqa: E402
 
 TARGETS = {"sm_75 (T4)": (75, 64 * 1024), "sm_80 (A100)": (80, 163 * 1024),
            "sm_89 (L4, RTX 4090)": (89, 99 * 1024), "sm_90 (H100, H200)": (90, 227 * 1024)}
 KERNELS = {"fwd": forward_v2.flash_fwd_kernel_v2, "dkdv": backward_v2.flash_bwd_dkdv_kernel_v2,
-           "dq": backward_v2.flash_bwd_dq_kernel_v2}
-FP32_PTRS = {"LSE", "Delta"}
-CONSTS = {"CAUSAL", "BLOCK_M", "BLOCK_N", "HEAD_DIM", "DOT_PRECISION"}
+           "dq": backward_v2.flash_bwd_dq_kernel_v2, "bwd": backward_v3.flash_bwd_kernel_v3}
+FP32_PTRS = {"LSE", "Delta", "DQ_ACC"}
+CONSTS = {"CAUSAL", "BLOCK_M", "BLOCK_N", "HEAD_DIM", "DOT_PRECISION", "TMA_REDUCE", "SPREAD"}
 FLOATS = {"qk_scale", "sm_scale"}
 
 
 def compiled_shared(fn, cfg, head_dim, cc):
     names = fn.arg_names
     sig, consts = {}, {}
-    values = dict(CAUSAL=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, DOT_PRECISION="ieee")
+    values = dict(CAUSAL=True, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim, DOT_PRECISION="ieee",
+                  TMA_REDUCE=cc >= 90, SPREAD=head_dim > 64)   # backward v3 as its launcher compiles it
     for n in names:
         if n in CONSTS:
             sig[n] = "constexpr"
@@ -59,7 +60,10 @@ def main(quick=False, only=None):
         for D in (64, 128):
             fw = kernels.forward_configs(D, torch.float16)
             bw = kernels.backward_configs(D, torch.float16)
-            lists = {"fwd": fw, "dkdv": [p[0] for p in bw], "dq": [p[1] for p in bw]}
+            lists = {"fwd": fw, "dkdv": [p[0] for p in bw], "dq": [p[1] for p in bw],
+                     "bwd": kernels.backward_v3_configs(D, torch.float16)}
+            if os.environ.get("KERNELS"):
+                lists = {k: v for k, v in lists.items() if k in os.environ["KERNELS"].split(",")}
             for kname, cands in lists.items():
                 cap = divmod(cc, 10)
                 fit = [c for c in cands if kernels.estimate_shared_memory(kname, c, D, e, cap) <= limit]

@@ -111,9 +111,12 @@ def test_every_gpu_keeps_a_config():
                 e = torch.empty((), dtype=dt).element_size()
                 assert all(kernels.estimate_shared_memory(k_, c_, D, e, cc) <= limit
                            for k_, c_ in (("dkdv", fit[0][0]), ("dq", fit[0][1]))), (cc, D, dt)
+                if D in (64, 128) and dt == torch.float16:     # backward v3 (fp16/bf16 only)
+                    pick = kernels._fitting(kernels.backward_v3_configs(D, dt), "bwd", D, dt, limit, cc)[0]
+                    assert kernels.estimate_shared_memory("bwd", pick, D, 2, cc) <= limit, (cc, D, pick)
 
 
-# Shared memory Triton 3.9 reported compiling the v2 kernels (fp16) for each target:
+# Shared memory Triton 3.9 reported compiling the v2 and v3 kernels (fp16) for each target:
 # (cc, kernel, D, (block_m, block_n, warps, stages)) -> KiB.  From scripts/shared_memory.py.
 COMPILED_KIB = {
     ((7, 5), "fwd", 64, (128, 64, 4, 3)): 64, ((7, 5), "dkdv", 64, (32, 64, 4, 3)): 40,
@@ -129,6 +132,10 @@ COMPILED_KIB = {
     ((8, 9), "fwd", 128, (128, 64, 8, 2)): 48,
     ((9, 0), "fwd", 128, (128, 64, 8, 3)): 64, ((9, 0), "dkdv", 128, (64, 128, 8, 3)): 97,
     ((9, 0), "dq", 128, (128, 64, 8, 3)): 96, ((9, 0), "fwd", 64, (128, 64, 4, 3)): 32,
+    # backward v3 (one pass; TMA reduce on sm_90, pointer atomics before)
+    ((9, 0), "bwd", 64, (64, 64, 4, 3)): 90, ((9, 0), "bwd", 128, (64, 128, 8, 3)): 210,
+    ((7, 5), "bwd", 64, (64, 64, 4, 3)): 48, ((7, 5), "bwd", 128, (32, 32, 4, 1)): 48,
+    ((8, 0), "bwd", 128, (64, 128, 8, 3)): 113, ((8, 9), "bwd", 128, (32, 64, 4, 3)): 56,
 }
 
 
