@@ -29,6 +29,8 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
 
 Like the teaching kernel, dQ's last bits now depend on the order the adds arrive in, which
 changes from run to run on a GPU (float addition is not associative); dK and dV do not.
+Memory: the float32 buffer holds B*H*Nq*D*4 bytes during the backward (twice an fp16 dQ),
+still O(N).
 Same contract as v2; strides of the last dim must be 1 and the others 16-byte aligned.
 """
 import triton
