@@ -289,7 +289,7 @@ def test_gpu_tuned_launch_remembers_and_agrees():
 def test_default_versions_follow_the_measurements(monkeypatch):
     """The choice docs/BENCHMARKS.md measured: forward v3 on Hopper from the 2048 bucket, v2 below (v1
     when short and not causal, no autotuning there); backward v3 on Hopper from the same bucket at
-    D <= 64, v2 otherwise, and v2 whenever torch asks for deterministic algorithms; v1 for fp32 and
+    D = 64, v2 otherwise (D = 32 was not measured), and v2 whenever torch asks for deterministic algorithms; v1 for fp32 and
     head dims above 128."""
     fp16 = torch.float16
     for cc, long_fwd in (((9, 0), "v3"), ((8, 0), "v2"), (None, "v2")):
@@ -298,6 +298,7 @@ def test_default_versions_follow_the_measurements(monkeypatch):
         assert kernels.default_versions(fp16, 64, 4096, True) == {"fwd": long_fwd, "bwd": long_bwd}
         assert kernels.default_versions(torch.bfloat16, 64, 16384, False)["bwd"] == long_bwd
         assert kernels.default_versions(fp16, 128, 4096, True)["bwd"] == "v2"     # v3 spills at D = 128
+        assert kernels.default_versions(fp16, 32, 4096, True)["bwd"] == "v2"      # not measured
         assert kernels.default_versions(fp16, 128, 2048, False)["fwd"] == long_fwd
         assert kernels.default_versions(fp16, 64, 1024, False) == {"fwd": "v2", "bwd": "v2"}
         assert kernels.default_versions(fp16, 64, 512, True)["fwd"] == "v2"

@@ -219,7 +219,7 @@ def _tma_ok(*tensors) -> bool:
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
 
 
-BWD_V3_MAX_HEAD_DIM = 64   # backward v3 up to this head dim (at 128 its accumulators spill: v2 is faster there)
+BWD_V3_HEAD_DIMS = (64,)   # backward v3 where it was measured faster (at 128 it spills: v2 is faster there)
 
 
 def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None,
@@ -236,7 +236,7 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
       hand-picked tiles v2's second copy of the loop costs more than the masks it removes: v1
       measured 1.07-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
       tiles win there);
-    * backward v3 (one pass, dQ reduced through TMA) on Hopper at head dims up to 64 and the same
+    * backward v3 (one pass, dQ reduced through TMA) on Hopper at head dim 64 and the same
       sequence lengths as forward v3; v2 otherwise.  At D = 128 v3's two (BLOCK_N, 128) float32
       accumulators plus the dQ tile spill registers and v2 is faster.  v3's dQ is not bitwise
       reproducible (the adds arrive in any order): with ``torch.use_deterministic_algorithms(True)``
@@ -251,7 +251,7 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
     long_enough = n_key is None or n_key >= V3_FROM
     hopper = cc is not None and cc[0] >= 9
     bwd = "v2"
-    if (hopper and long_enough and head_dim <= BWD_V3_MAX_HEAD_DIM
+    if (hopper and long_enough and head_dim in BWD_V3_HEAD_DIMS
             and not torch.are_deterministic_algorithms_enabled()):
         bwd = "v3"
     if n_key is not None and n_key < 1024 and causal is False:
