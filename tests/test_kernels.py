@@ -80,6 +80,20 @@ def test_versions_default_tiles_large_logits(rng, fv, bv, dtype):
     _assert_ok(check_attention(_op(fv, bv), q, k, v, True), f"{fv}/{bv} {dtype} large logits")
 
 
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize("nq,nk,causal", [(100, 100, False), (150, 100, True)])
+def test_very_negative_lse_with_a_ragged_key_tile(rng, fv, bv, nq, nk, causal):
+    """Every score near -24, so L_i is very negative: a key past Nk loaded as zeros (score 0) would get
+    P = e^(-L_i) ~ e^24, which overflows fp16 in dS, and inf * 0 in dS K is NaN in dQ.  The program
+    with the ragged last K tile must mask those keys (backward v3 once did not)."""
+    D = 64
+    k = (1.0 + 0.1 * torch.randn(1, 1, nk, D, device=DEV)).half()
+    q = (-3.0 + 0.1 * torch.randn(1, 1, nq, D, device=DEV)).half()
+    v = _rand((1, 1, nk, D), torch.float16)
+    bwd_cfg = C(32, 64) if bv == "v3" else (C(32, 64), C(64, 32))
+    _assert_ok(check_attention(_op(fv, bv, C(32, 32), bwd_cfg), q, k, v, causal), f"{fv}/{bv} negative L")
+
+
 def test_v3_falls_back_without_unit_stride(rng):
     """Tensor descriptors need a unit last stride: a non-contiguous head dim runs v2 instead."""
     base = _rand((1, 1, 40, 64), torch.float16)

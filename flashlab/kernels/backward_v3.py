@@ -15,17 +15,22 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
    all that counted; less, since the dQ tile now travels to L2 once per pair.
 2. **The add is one bulk reduction, not one atomic per element.**  On Hopper
    ``dq_desc.atomic_add([row, 0], tile)`` through a tensor descriptor becomes one TMA
-   reduce of the whole tile (``cp.reduce.async.bulk.tensor``): the tensor cores do not wait
-   for it, and L2 does the adds.  The teaching kernel (flashlab.teaching.atomic_dq) issues
+   reduce of the whole tile (``cp.reduce.async.bulk.tensor``): the tile goes to shared
+   memory, and the copy engine and L2 do the adds asynchronously.  The teaching kernel (flashlab.teaching.atomic_dq) issues
    one fp32 ``atomic_add`` per element and measured 3.6x slower than v2.  Triton's
    interpreter has no descriptor reduce, so ``TMA_REDUCE=False`` (the interpreter's and
    pre-Hopper GPUs' path) adds through pointers instead; both are tested.
-3. **The adds are spread over rows.**  All programs of a head start together; if every one
-   walked the Q tiles from the first, all would add into the same dQ rows at the same
-   moment and queue at the same L2 lines.  Each program starts its full tiles at a different
-   Q tile (its own K tile index, modulo the count) and wraps around.
-4. **Loads through tensor descriptors** for Q, K, V and dO, as in forward v3 (zeros past
-   the end, so only the causal diagonal needs a score mask).
+3. **The adds can be spread over rows** (``SPREAD``).  All programs of a head start together;
+   if every one walked the Q tiles from the first, all would add into the same dQ rows at
+   the same moment and queue at the same L2 lines.  With SPREAD each program starts its full
+   tiles at a different Q tile (its own K tile index, modulo the count) and wraps around.
+   Measured on an H200: +1-5 % at D = 128, -0-3 % at D = 64 (there the programs reading the
+   same Q tile together share it in L2), so the launcher spreads only above D = 64.
+4. **Loads through tensor descriptors** for Q, K, V and dO, as in forward v3: rows past the
+   end come back as zeros, so v2's masked copy of the loop for the ragged last Q tile is gone.
+   Keys past Nk are zeros too, but their scores (0) would still give P = e^(-L_i), which
+   overflows fp16 in dS when L_i is very negative, and inf * 0 in dS K is NaN: the program
+   that holds the ragged last K tile runs a copy of the loop that masks j >= Nk.
 
 Like the teaching kernel, dQ's last bits now depend on the order the adds arrive in, which
 changes from run to run on a GPU (float addition is not associative); dK and dV do not.
@@ -41,9 +46,9 @@ from .common import LOG2E_K, head_base, program_tile
 
 @triton.jit
 def _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_ptrs, lse_base, delta_base, stride_lm,
-                  offs_n, offs_m, Nq, qk_scale, first, n_iter, lo, n_tiles,
-                  MASK_CAUSAL: tl.constexpr, TMA_REDUCE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  offs_n, offs_m, Nq, Nk, qk_scale, first, n_iter, lo, n_tiles,
+                  MASK_CAUSAL: tl.constexpr, MASK_KEYS: tl.constexpr, TMA_REDUCE: tl.constexpr,
+                  BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """n_iter Q tiles, starting at tile ``first`` of the n_tiles tiles from row ``lo`` on, wrapping."""
     for it in range(n_iter):
         start_m = lo + ((first + it) % n_tiles) * BLOCK_M
@@ -56,6 +61,8 @@ def _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_ptrs, lse_base, del
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T / s (BLOCK_N, BLOCK_M)
         if MASK_CAUSAL:
             s_t = tl.where(offs_n[:, None] <= rows[None, :], s_t, float("-inf"))    # j <= i
+        if MASK_KEYS:                                                               # the ragged last K tile
+            s_t = tl.where(offs_n[:, None] < Nk, s_t, float("-inf"))                # j < Nk
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])                          # P^T: one FMA, exp2
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)        # dV_j += P^T dO_i
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # dP^T = V_j dO_i^T
@@ -117,17 +124,22 @@ def flash_bwd_kernel_v3(
         diag = tl.cdiv((start_n + 1) * BLOCK_N, BLOCK_M)             # from this Q tile on: all visible
         n_diag = tl.maximum(tl.minimum(diag, n_q) - lo, 0)
         dk, dv = _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, dq_ptrs, lse_base, delta_base, stride_lm,
-                               offs_n, offs_m, Nq, qk_scale, 0, n_diag, lo * BLOCK_M, tl.maximum(n_diag, 1),
-                               True, TMA_REDUCE, BLOCK_M, HEAD_DIM, DOT_PRECISION)      # stage 1: the diagonal
+                               offs_n, offs_m, Nq, Nk, qk_scale, 0, n_diag, lo * BLOCK_M, tl.maximum(n_diag, 1),
+                               True, True, TMA_REDUCE, BLOCK_M, HEAD_DIM, DOT_PRECISION)   # stage 1: the diagonal
     else:
         diag = 0
     n_rest = tl.maximum(n_q - diag, 0)                               # tiles wholly visible (zeros past Nq)
     first = 0
     if SPREAD:
         first = start_n % tl.maximum(n_rest, 1)                      # each program starts at its own tile
-    dk, dv = _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, dq_ptrs, lse_base, delta_base, stride_lm,
-                           offs_n, offs_m, Nq, qk_scale, first, n_rest, diag * BLOCK_M, tl.maximum(n_rest, 1),
-                           False, TMA_REDUCE, BLOCK_M, HEAD_DIM, DOT_PRECISION)         # stage 2: no masks
+    if (start_n + 1) * BLOCK_N <= Nk:                                # a full K tile: no masks
+        dk, dv = _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, dq_ptrs, lse_base, delta_base, stride_lm,
+                               offs_n, offs_m, Nq, Nk, qk_scale, first, n_rest, diag * BLOCK_M, tl.maximum(n_rest, 1),
+                               False, False, TMA_REDUCE, BLOCK_M, HEAD_DIM, DOT_PRECISION)   # stage 2
+    else:                                                            # the ragged last K tile: mask j >= Nk
+        dk, dv = _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, dq_ptrs, lse_base, delta_base, stride_lm,
+                               offs_n, offs_m, Nq, Nk, qk_scale, first, n_rest, diag * BLOCK_M, tl.maximum(n_rest, 1),
+                               False, True, TMA_REDUCE, BLOCK_M, HEAD_DIM, DOT_PRECISION)
 
     dk_desc = tl.make_tensor_descriptor(head_base(DK, off_b, off_h, stride_dkb, stride_dkh), shape=[Nk, HEAD_DIM],
                                         strides=[stride_dkn, 1], block_shape=[BLOCK_N, HEAD_DIM])
