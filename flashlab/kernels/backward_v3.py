@@ -41,7 +41,7 @@ Same contract as v2; strides of the last dim must be 1 and the others 16-byte al
 import triton
 import triton.language as tl
 
-from .common import LOG2E_K, head_base, program_tile
+from .common import LOG2E_K, head_base, head_desc, program_tile
 
 
 @triton.jit
@@ -96,21 +96,15 @@ def flash_bwd_kernel_v3(
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
-    k_desc = tl.make_tensor_descriptor(head_base(K, off_b, off_h, stride_kb, stride_kh), shape=[Nk, HEAD_DIM],
-                                       strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(head_base(V, off_b, off_h, stride_vb, stride_vh), shape=[Nk, HEAD_DIM],
-                                       strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    q_desc = tl.make_tensor_descriptor(head_base(Q, off_b, off_h, stride_qb, stride_qh), shape=[Nq, HEAD_DIM],
-                                       strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    do_desc = tl.make_tensor_descriptor(head_base(DO, off_b, off_h, stride_dob, stride_doh), shape=[Nq, HEAD_DIM],
-                                        strides=[stride_dom, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    dq_base = head_base(DQ_ACC, off_b, off_h, H * Nq * HEAD_DIM, Nq * HEAD_DIM)
+    k_desc = head_desc(K, off_b, off_h, stride_kb, stride_kh, Nk, stride_kn, BLOCK_N, HEAD_DIM)
+    v_desc = head_desc(V, off_b, off_h, stride_vb, stride_vh, Nk, stride_vn, BLOCK_N, HEAD_DIM)
+    q_desc = head_desc(Q, off_b, off_h, stride_qb, stride_qh, Nq, stride_qm, BLOCK_M, HEAD_DIM)
+    do_desc = head_desc(DO, off_b, off_h, stride_dob, stride_doh, Nq, stride_dom, BLOCK_M, HEAD_DIM)
     if TMA_REDUCE:
-        dq_desc = tl.make_tensor_descriptor(dq_base, shape=[Nq, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                            block_shape=[BLOCK_M, HEAD_DIM])
+        dq_desc = head_desc(DQ_ACC, off_b, off_h, H * Nq * HEAD_DIM, Nq * HEAD_DIM, Nq, HEAD_DIM, BLOCK_M, HEAD_DIM)
     else:
         dq_desc = k_desc                                             # unused on this path
-    dq_ptrs = dq_base + offs_m[:, None] * 0 + offs_d[None, :]        # + row * HEAD_DIM in the loop
+    dq_ptrs = head_base(DQ_ACC, off_b, off_h, H * Nq * HEAD_DIM, Nq * HEAD_DIM) + offs_d[None, :]   # + row * HEAD_DIM
     lse_base = head_base(LSE, off_b, off_h, stride_lb, stride_lh)
     delta_base = head_base(Delta, off_b, off_h, H * Nq, Nq)
 
@@ -141,9 +135,7 @@ def flash_bwd_kernel_v3(
                                offs_n, offs_m, Nq, Nk, qk_scale, first, n_rest, diag * BLOCK_M, tl.maximum(n_rest, 1),
                                False, True, TMA_REDUCE, BLOCK_M, HEAD_DIM, DOT_PRECISION)
 
-    dk_desc = tl.make_tensor_descriptor(head_base(DK, off_b, off_h, stride_dkb, stride_dkh), shape=[Nk, HEAD_DIM],
-                                        strides=[stride_dkn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    dv_desc = tl.make_tensor_descriptor(head_base(DV, off_b, off_h, stride_dvb, stride_dvh), shape=[Nk, HEAD_DIM],
-                                        strides=[stride_dvn, 1], block_shape=[BLOCK_N, HEAD_DIM])
+    dk_desc = head_desc(DK, off_b, off_h, stride_dkb, stride_dkh, Nk, stride_dkn, BLOCK_N, HEAD_DIM)
+    dv_desc = head_desc(DV, off_b, off_h, stride_dvb, stride_dvh, Nk, stride_dvn, BLOCK_N, HEAD_DIM)
     dk_desc.store([start_n * BLOCK_N, 0], (dk * sm_scale).to(DK.dtype.element_ty))   # rows past Nk dropped
     dv_desc.store([start_n * BLOCK_N, 0], dv.to(DV.dtype.element_ty))

@@ -33,6 +33,17 @@ def tile_ptrs(base, row0, offs_r, offs_d, stride_r, stride_d):
 
 
 @triton.jit
+def head_desc(ptr, off_b, off_h, stride_b, stride_h, n_rows, stride_r, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Tensor descriptor of the (n_rows, HEAD_DIM) matrix of one (batch, head), in tiles of (BLOCK, HEAD_DIM).
+
+    The base is head_base's 64-bit address; the last stride must be 1 (the launchers check).  Loads
+    of rows past n_rows return zeros; stores there are dropped.
+    """
+    return tl.make_tensor_descriptor(head_base(ptr, off_b, off_h, stride_b, stride_h), shape=[n_rows, HEAD_DIM],
+                                     strides=[stride_r, 1], block_shape=[BLOCK, HEAD_DIM])
+
+
+@triton.jit
 def program_tile(n_tiles, H, HEAD_FASTEST: tl.constexpr = False):
     """(tile, batch, head) of this program on a 1-D grid of n_tiles * B * H programs.
 

@@ -2,7 +2,8 @@
 
 Diff against forward_v2.py: the pointer tensors are gone.  Each program describes
 its (batch, head)'s Q, K, V and O as 2-D tensors (rows x HEAD_DIM) with
-``tl.make_tensor_descriptor`` and loads whole tiles by their first row:
+``tl.make_tensor_descriptor`` (``common.head_desc``: 64-bit base, unit last stride) and loads
+whole tiles by their first row:
 
     k = k_desc.load([start_n, 0])        # K_j (BLOCK_N, D)
 
@@ -20,7 +21,7 @@ made on the device need a scratch buffer; the launcher sets one).
 import triton
 import triton.language as tl
 
-from .common import LN2_K, head_base, program_tile
+from .common import LN2_K, head_base, head_desc, program_tile
 
 
 @triton.jit
@@ -65,14 +66,10 @@ def flash_fwd_kernel_v3(
     if CAUSAL:
         start_m = n_tiles - 1 - start_m
 
-    q_desc = tl.make_tensor_descriptor(head_base(Q, off_b, off_h, stride_qb, stride_qh), shape=[Nq, HEAD_DIM],
-                                       strides=[stride_qm, 1], block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(head_base(K, off_b, off_h, stride_kb, stride_kh), shape=[Nk, HEAD_DIM],
-                                       strides=[stride_kn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(head_base(V, off_b, off_h, stride_vb, stride_vh), shape=[Nk, HEAD_DIM],
-                                       strides=[stride_vn, 1], block_shape=[BLOCK_N, HEAD_DIM])
-    o_desc = tl.make_tensor_descriptor(head_base(O, off_b, off_h, stride_ob, stride_oh), shape=[Nq, HEAD_DIM],
-                                       strides=[stride_om, 1], block_shape=[BLOCK_M, HEAD_DIM])
+    q_desc = head_desc(Q, off_b, off_h, stride_qb, stride_qh, Nq, stride_qm, BLOCK_M, HEAD_DIM)
+    k_desc = head_desc(K, off_b, off_h, stride_kb, stride_kh, Nk, stride_kn, BLOCK_N, HEAD_DIM)
+    v_desc = head_desc(V, off_b, off_h, stride_vb, stride_vh, Nk, stride_vn, BLOCK_N, HEAD_DIM)
+    o_desc = head_desc(O, off_b, off_h, stride_ob, stride_oh, Nq, stride_om, BLOCK_M, HEAD_DIM)
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
