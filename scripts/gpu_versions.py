@@ -1,8 +1,8 @@
 """Check, then time, every kernel version on a GPU; prints a table last.
 
-    python scripts/gpu_versions.py [--out DIR] [--seqlens 1024 4096 16384] [--dtypes fp16]
+    python scripts/gpu_versions.py [--out DIR] [--seqlens 1024 4096 16384] [--dtypes fp16] [--versions v2 v3] [--passes fwd bwd]
 
-1. Correctness: each version (forward v1..v3 with backward v1..v2) on fresh random data,
+1. Correctness: each version (forward vN with backward vN) on fresh random data,
    ragged Nq != Nk, causal both ways, large logits, fp16 and bf16, judged by
    flashlab.accuracy's rule against float64 (autotuned path where it applies).
 2. Timing: the protocol's shapes (B = 16384 / N, H = 2048 / D), each version checked on
@@ -28,10 +28,9 @@ from flashlab.reference import attention_naive_torch  # noqa: E402
 from tests.test_kernels import _op  # noqa: E402
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16}
-PAIRS = [("v1", "v1"), ("v2", "v2"), ("v3", "v3")]
 
 
-def correctness(log):
+def correctness(log, versions):
     bad = 0
     for dt in (torch.float16, torch.bfloat16):
         for D in (64, 128):
@@ -40,7 +39,7 @@ def correctness(log):
                     q = (mag * torch.randn(2, 3, Nq, D, device="cuda")).to(dt)
                     k = (mag * torch.randn(2, 3, Nk, D, device="cuda")).to(dt)
                     v = torch.randn(2, 3, Nk, D, device="cuda").to(dt)
-                    for fv, bv in PAIRS:
+                    for fv, bv in ((v, v) for v in versions):
                         checks = check_attention(_op(fv, bv), q, k, v, causal)
                         ok = all(c.ok for c in checks)
                         bad += not ok
@@ -52,7 +51,7 @@ def correctness(log):
     return bad
 
 
-def time_versions(seqlens, dtypes, log):
+def time_versions(seqlens, dtypes, log, versions, passes=("fwd", "bwd")):
     rows = []
     for dname in dtypes:
         dt = DT[dname]
@@ -69,7 +68,7 @@ def time_versions(seqlens, dtypes, log):
                     refs = (o_ref.detach(), qr.grad, kr.grad, vr.grad)
                     o = torch.empty_like(q)
                     lse = torch.empty(B, H, N, device="cuda")
-                    for fv in kernels.FORWARD_VERSIONS:
+                    for fv in (versions if "fwd" in passes else ()):
                         f = lambda: kernels.launch_forward(q, k, v, o, lse, causal, s, version=fv)  # noqa: E731
                         t0 = time.time()
                         f()
@@ -81,7 +80,7 @@ def time_versions(seqlens, dtypes, log):
                         log.write(json.dumps(rows[-1]) + "\n")
                     kernels.launch_forward(q, k, v, o, lse, causal, s, version="v1")
                     grads = [torch.empty_like(t) for t in (q, k, v)]
-                    for bv in kernels.BACKWARD_VERSIONS:
+                    for bv in (versions if "bwd" in passes else ()):
                         f = lambda: kernels.launch_backward(q, k, v, o, lse, do, *grads, causal, s, version=bv)  # noqa: E731
                         t0 = time.time()
                         f()
@@ -104,27 +103,29 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--seqlens", nargs="+", type=int, default=[1024, 4096, 16384])
     ap.add_argument("--dtypes", nargs="+", default=["fp16"])
+    ap.add_argument("--versions", nargs="+", default=list(kernels.FORWARD_VERSIONS))
+    ap.add_argument("--passes", nargs="+", default=["fwd", "bwd"])
     ap.add_argument("--skip-check", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "versions_log.txt"), "w") as log:
         t0 = time.time()
-        bad = 0 if a.skip_check else correctness(log)
+        bad = 0 if a.skip_check else correctness(log, a.versions)
         print(f"correctness: {bad} failures ({time.time() - t0:.0f} s)", flush=True)
-        rows = time_versions(a.seqlens, a.dtypes, log)
+        rows = time_versions(a.seqlens, a.dtypes, log, a.versions, a.passes)
     for k_, v_ in kernels._TUNED.items():
         best = getattr(v_, "cache", {})
         for key, cfg in best.items():
             print("autotuned", k_[0], k_[1], key[:4], cfg, flush=True)
-    print(f"{'pass':<5}{'dtype':<6}{'D':>4} {'causal':<7}{'N':>6}  " + "  ".join(f"{v:>11}" for v in ("v1", "v2", "v3")))
-    for p in ("fwd", "bwd"):
+    print(f"{'pass':<5}{'dtype':<6}{'D':>4} {'causal':<7}{'N':>6}  " + "  ".join(f"{v:>11}" for v in a.versions))
+    for p in a.passes:
         for dname in a.dtypes:
             for D in (64, 128):
                 for causal in (False, True):
                     for N in a.seqlens:
                         sel = {r["version"]: r for r in rows if r["pass_"] == p and r["dtype"] == dname and r["D"] == D
                                and r["causal"] == causal and r["N"] == N}
-                        cells = [f"{sel[v]['tflops']:>7.1f} TF" if v in sel else f"{'-':>11}" for v in ("v1", "v2", "v3")]
+                        cells = [f"{sel[v]['tflops']:>7.1f} TF" if v in sel else f"{'-':>11}" for v in a.versions]
                         print(f"{p:<5}{dname:<6}{D:>4} {str(causal):<7}{N:>6}  " + "  ".join(cells))
 
 

@@ -32,7 +32,7 @@ def stats(fn, causal, D, BM, BN, w, s):
     res = subprocess.run([CU, "-res-usage", CUBIN], capture_output=True, text=True).stdout
     sass = subprocess.run([CU, "-sass", CUBIN], capture_output=True, text=True).stdout
     return (re.search(r"REG:(\d+)", res).group(1), len(re.findall(r"\bSTL", sass)), len(re.findall(r"\bLDL", sass)),
-            len(sass.splitlines()))
+            len(sass.splitlines()), ck.metadata.shared // 1024)
 which = sys.argv[1:]
 K = {"fwd_v1": (forward.flash_fwd_kernel, 128, 64, 4, 3), "fwd_v2": (forward_v2.flash_fwd_kernel_v2, 128, 64, 4, 3),
      "fwd_v3": (forward_v3.flash_fwd_kernel_v3, 128, 64, 4, 3),
@@ -46,4 +46,4 @@ D = int(os.environ.get("HD", "64"))
 for name in which:
     fn, bm, bn, w, s = (K128 if D == 128 else K)[name]
     for causal in (False, True):
-        print(name, f"D={D}", "causal" if causal else "non-causal", "regs/STL/LDL/sass-lines", stats(fn, causal, D, bm, bn, w, s), flush=True)
+        print(name, f"D={D}", "causal" if causal else "non-causal", "regs/STL/LDL/sass-lines/shared-KiB", stats(fn, causal, D, bm, bn, w, s), flush=True)
