@@ -24,6 +24,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NEEDED = ["numpy", "matplotlib", "tqdm", "hypothesis", "ipywidgets", "nbformat", "nbclient", "ipykernel", "torch", "triton"]
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
+# Warnings of the machine, not of the course, dropped from the pages (they also name its install paths):
+# PyTorch's note that autograd's thread had no CUDA context yet before its first cuBLAS call, and its
+# profiler's note that it clears events after each cycle (each with the source line it points at).
+MACHINE_NOISE = ("UserWarning: Attempting to run cuBLAS, but there was no current CUDA context",
+                 "return Variable._execution_engine.run_backward(",
+                 "UserWarning: Warning: Profiler clears events at the end of each cycle", "  _warn_once(\n")
+
+
+def drop_machine_noise(nb) -> int:
+    """Remove MACHINE_NOISE lines from the stderr outputs of ``nb`` (and outputs left empty); returns how many lines."""
+    dropped = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream" and o.get("name") == "stderr":
+                lines = o["text"].splitlines(keepends=True)
+                clean = [ln for ln in lines if not any(m in ln or m == ln for m in MACHINE_NOISE)]
+                dropped += len(lines) - len(clean)
+                if not "".join(clean).strip():
+                    continue
+                o["text"] = "".join(clean)
+            kept.append(o)
+        cell["outputs"] = kept
+    return dropped
 
 
 def main(argv=None) -> int:
@@ -73,6 +99,7 @@ def main(argv=None) -> int:
                                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         dest = out / path.name if status == "ok" else failed_dir / path.name
         dest.parent.mkdir(parents=True, exist_ok=True)
+        drop_machine_noise(nb)
         nbformat.write(nb, dest)
         figures = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                       if o.output_type in ("display_data", "execute_result") and any(m in o.get("data", {}) for m in IMAGE_MIMES))

@@ -175,3 +175,21 @@ def test_pages_take_prose_from_the_notebook_and_outputs_from_the_run(tmp_path):
     (tmp_path / "nb.ipynb").write_text(nbformat.writes(now))
     found, stale = build_site.find_executed(tmp_path / "nb.ipynb", [tmp_path / "run"])
     assert found is None and stale == [tmp_path / "run" / "nb.ipynb"]
+
+
+def test_machine_noise_is_dropped_and_nothing_else():
+    """The executor drops the GPU machine's own warnings (they name its install paths), not the course's output."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("execute_for_site", ROOT / "scripts" / "execute_for_site.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    v4 = nbformat.v4
+    cell = v4.new_code_cell("x")
+    cell.outputs = [v4.new_output("stream", name="stderr", text="/some/site-packages/torch/autograd/graph.py:869: "
+                                  "UserWarning: Attempting to run cuBLAS, but there was no current CUDA context! ...\n"
+                                  "  return Variable._execution_engine.run_backward(  # Calls into the C++ engine\n"),
+                    v4.new_output("stream", name="stderr", text="a real warning\n"),
+                    v4.new_output("stream", name="stdout", text="ok\n")]
+    nb = v4.new_notebook(cells=[cell])
+    assert ex.drop_machine_noise(nb) == 2
+    assert [o["text"] for o in nb.cells[0].outputs] == ["a real warning\n", "ok\n"]
