@@ -256,7 +256,8 @@ def fig_grid_order(record, title=None):
 
 def autotune_choices(ns, d, dtype=None, causal=False, tokens=16384, hidden=2048) -> list:
     """Run the op's forward and backward once at each N (B = tokens // N, H = hidden // d) and return
-    the configs autotuning chose for them: ``flashlab.kernels.tuned_configs()`` rows with "N" added.
+    the configs autotuning chose for the versions the op ran: ``flashlab.kernels.tuned_configs()`` rows
+    with "N" added.
     GPU only (the interpreter does not autotune)."""
     import torch
 
@@ -271,9 +272,11 @@ def autotune_choices(ns, d, dtype=None, causal=False, tokens=16384, hidden=2048)
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
         flash_attention(q, k, v, causal).backward(torch.randn(b, h, n, d, device="cuda", dtype=dtype))
         key = kernels._n_key(n, n)
+        used = kernels.default_versions(dtype, d, key, causal)   # other versions tuned earlier in this process: not shown
         rows += [{"N": n, **c} for c in kernels.tuned_configs()
                  if c["n_key"] == key and c["head_dim"] == d and c["causal"] == causal
-                 and c["dtype"] == str(dtype).replace("torch.", "")]
+                 and c["dtype"] == str(dtype).replace("torch.", "")
+                 and c["kernel"].split()[1] == used["fwd" if c["kernel"].startswith("fwd") else "bwd"]]
         del q, k, v
         torch.cuda.empty_cache()
     return rows

@@ -52,7 +52,8 @@ def _assert_ok(checks, label):
     assert all(c.ok for c in checks), f"{label}:\n" + "\n".join(map(str, checks))
 
 
-VERSIONS = [("v1", "v1"), ("v2", "v2"), ("v3", "v3")]
+VERSIONS = [("v1", "v1"), ("v2", "v2"), ("v3", "v3"), ("v3", "v4")]   # (forward, backward)
+IDS = [f"v{i}" for i in range(1, len(VERSIONS) + 1)]
 TILES = [  # (forward config, (dK/dV config, dQ config)): the shapes the GPU configs use
     (C(128, 64), (C(64, 128), C(128, 64))),
     (C(64, 128), (C(32, 64), C(64, 32))),
@@ -61,7 +62,7 @@ TILES = [  # (forward config, (dK/dV config, dQ config)): the shapes the GPU con
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("tiles", TILES, ids=["128x64", "64x128"])
-@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 def test_production_tiles(rng, fv, bv, tiles, causal):
     """Ragged Nq != Nk, neither a multiple of any tile; fp16; forward, LSE and all three gradients."""
     q, k, v = _rand((1, 2, 200, 64), torch.float16), _rand((1, 2, 137, 64), torch.float16), \
@@ -72,7 +73,7 @@ def test_production_tiles(rng, fv, bv, tiles, causal):
     _assert_ok(check_attention(_op(fv, bv, *tiles), q2, k2, v2, causal), f"{fv}/{bv} Nq < Nk causal={causal}")
 
 
-@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_versions_default_tiles_large_logits(rng, fv, bv, dtype):
     """Each version with the default tiles: large logits (max subtraction), causal, a ragged tail."""
@@ -80,7 +81,7 @@ def test_versions_default_tiles_large_logits(rng, fv, bv, dtype):
     _assert_ok(check_attention(_op(fv, bv), q, k, v, True), f"{fv}/{bv} {dtype} large logits")
 
 
-@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 @pytest.mark.parametrize("nq,nk,causal", [(100, 100, False), (150, 100, True)])
 def test_very_negative_lse_with_a_ragged_key_tile(rng, fv, bv, nq, nk, causal):
     """Every score near -24, so L_i is very negative: a key past Nk loaded as zeros (score 0) would get
@@ -90,16 +91,17 @@ def test_very_negative_lse_with_a_ragged_key_tile(rng, fv, bv, nq, nk, causal):
     k = (1.0 + 0.1 * torch.randn(1, 1, nk, D, device=DEV)).half()
     q = (-3.0 + 0.1 * torch.randn(1, 1, nq, D, device=DEV)).half()
     v = _rand((1, 1, nk, D), torch.float16)
-    bwd_cfg = C(32, 64) if bv == "v3" else (C(32, 64), C(64, 32))
+    bwd_cfg = C(32, 64) if bv in ("v3", "v4") else (C(32, 64), C(64, 32))
     _assert_ok(check_attention(_op(fv, bv, C(32, 32), bwd_cfg), q, k, v, causal), f"{fv}/{bv} negative L")
 
 
-def test_v3_falls_back_without_unit_stride(rng):
+@pytest.mark.parametrize("bwd", ["v3", "v4"])
+def test_descriptor_versions_fall_back_without_unit_stride(rng, bwd):
     """Tensor descriptors need a unit last stride: a non-contiguous head dim runs v2 instead."""
     base = _rand((1, 1, 40, 64), torch.float16)
     q = k = v = base[..., ::2]                       # stride 2 in the head dim
     assert not kernels._tma_ok(q)
-    _assert_ok(check_attention(_op("v3", "v3"), q, k, v, False), "v3 on strided head dim")
+    _assert_ok(check_attention(_op("v3", bwd), q, k, v, False), f"v3 / {bwd} on strided head dim")
 
 
 def test_unknown_version_is_a_clear_error():
@@ -188,7 +190,7 @@ def test_grid_is_one_axis_and_checked():
 # ------------------------------------------------------------------------------------------- GPU only
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 def test_gpu_many_heads(rng, fv, bv):
     """B * H = 70400 > 65535 (grid axis 1's limit): a 1-D grid has none."""
     q, k, v = (_rand((1100, 64, 40, 16), torch.float16) for _ in range(3))
@@ -201,7 +203,7 @@ def test_gpu_many_heads(rng, fv, bv):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fv,bv", VERSIONS, ids=["v1", "v2", "v3"])
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 def test_gpu_tensor_past_2_31_elements(fv, bv):
     """B = 34, H = 32, N = 16384, D = 128 (2.28e9 elements per tensor): forward and backward,
     checked on the last (batch, head), whose offsets are past 2^31 elements."""
@@ -302,7 +304,7 @@ def test_gpu_tuned_launch_remembers_and_agrees():
 
 @pytest.mark.gpu
 def test_gpu_deterministic_mode_gives_the_same_bits():
-    """At D = 64 and N = 4096 the op's backward is v3 on Hopper, whose dQ adds arrive in any order;
+    """At D = 64 and N = 4096 the op's backward is the one-pass v4 on Hopper, whose dQ adds arrive in any order;
     under torch.use_deterministic_algorithms it is v2: two runs give the same bits."""
     from flashlab import flash_attention
     q, k, v = (_rand((2, 4, 4096, 64), torch.float16).requires_grad_() for _ in range(3))
@@ -323,16 +325,17 @@ def test_gpu_deterministic_mode_gives_the_same_bits():
 
 def test_default_versions_follow_the_measurements(monkeypatch):
     """The choice docs/BENCHMARKS.md measured: forward v3 on Hopper from the 2048 bucket, v2 below (v1
-    when short and not causal, no autotuning there); backward v3 on Hopper from the same bucket at
-    D = 64, v2 otherwise (D = 32 was not measured), and v2 whenever torch asks for deterministic algorithms; v1 for fp32 and
-    head dims above 128."""
+    when short and not causal, no autotuning there); the one-pass backward v4 on Hopper from the same
+    bucket at D = 64 and at D = 128 non-causal, v2 otherwise (D = 128 causal spills; D = 32 was not
+    measured), and v2 whenever torch asks for deterministic algorithms; v1 for fp32 and head dims above 128."""
     fp16 = torch.float16
     for cc, long_fwd in (((9, 0), "v3"), ((8, 0), "v2"), (None, "v2")):
-        long_bwd = "v3" if cc == (9, 0) else "v2"
+        long_bwd = "v4" if cc == (9, 0) else "v2"
         monkeypatch.setattr(kernels.device, "capability", lambda cc=cc: cc)
         assert kernels.default_versions(fp16, 64, 4096, True) == {"fwd": long_fwd, "bwd": long_bwd}
         assert kernels.default_versions(torch.bfloat16, 64, 16384, False)["bwd"] == long_bwd
-        assert kernels.default_versions(fp16, 128, 4096, True)["bwd"] == "v2"     # v3 spills at D = 128
+        assert kernels.default_versions(fp16, 128, 4096, True)["bwd"] == "v2"     # one pass spills at D = 128 causal
+        assert kernels.default_versions(fp16, 128, 16384, False)["bwd"] == long_bwd
         assert kernels.default_versions(fp16, 32, 4096, True)["bwd"] == "v2"      # not measured
         assert kernels.default_versions(fp16, 128, 2048, False)["fwd"] == long_fwd
         assert kernels.default_versions(fp16, 64, 1024, False) == {"fwd": "v2", "bwd": "v2"}

@@ -13,6 +13,7 @@ was predicted to gain and what it measured):
     backward   v1 backward.py     three kernels (Delta, dK/dV, dQ), masks on every tile
                v2 backward_v2.py  diagonal / off-diagonal split, base-2 LSE inside; autotuned
                v3 backward_v3.py  one pass: five products per tile pair, dQ added in bulk (TMA reduce); autotuned
+               v4 backward_v4.py  v3 with its descriptors made on the host, not in every program; autotuned
 
 Tile configs.  Each kernel has a list of hand-picked configs in order of preference.
 A config whose estimated shared memory exceeds the GPU's (``device.shared_memory_per_block``:
@@ -20,7 +21,7 @@ A config whose estimated shared memory exceeds the GPU's (``device.shared_memory
 is skipped, and if compiling one still runs out of resources the next is tried; the
 one that worked is remembered.  In the interpreter the first config that fits a small
 problem is used (32 x 32 by default: fewer, smaller programs).  Autotuning (versions
-v2, v3 on a GPU) times a list of configs once per head dim, causal flag, dtype and
+v2 and later, on a GPU) times a list of configs once per head dim, causal flag, dtype and
 sequence-length bucket (the next power of two), pruned by the same estimate.
 """
 from __future__ import annotations
@@ -37,17 +38,23 @@ import triton  # noqa: E402
 from .backward import flash_bwd_dkdv_kernel, flash_bwd_dq_kernel, flash_bwd_preprocess
 from .backward_v2 import flash_bwd_dkdv_kernel_v2, flash_bwd_dq_kernel_v2
 from .backward_v3 import flash_bwd_kernel_v3
+from .backward_v4 import flash_bwd_kernel_v4
 from .common import LOG2E
 from .forward import flash_fwd_kernel
 from .forward_v2 import flash_fwd_kernel_v2
 from .forward_v3 import flash_fwd_kernel_v3
+
+try:   # descriptors made on the host (backward v4); older Triton releases lack them
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
 
 __all__ = ["Config", "forward_configs", "backward_configs", "forward_config", "backward_config",
            "launch_forward", "launch_backward", "FORWARD_VERSIONS", "BACKWARD_VERSIONS",
            "default_versions", "estimate_shared_memory", "tuned_configs", "LOG2E"]
 
 FORWARD_VERSIONS = ("v1", "v2", "v3")
-BACKWARD_VERSIONS = ("v1", "v2", "v3")
+BACKWARD_VERSIONS = ("v1", "v2", "v3", "v4")
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ def estimate_shared_memory(kernel: str, cfg: Config, head_dim: int, elt: int, cc
         rows, streamed, extra = 2 * cfg.block_n, 2 * cfg.block_m, 2 * cfg.block_m * cfg.block_n
     elif kernel == "dq":     # stationary Q, dO (block_m rows); streamed K, V (block_n rows)
         rows, streamed, extra = 2 * cfg.block_m, 2 * cfg.block_n, 2 * cfg.block_m * cfg.block_n
-    elif kernel == "bwd":    # backward v3: dkdv's tiles plus the float32 dQ tile it reduces
+    elif kernel == "bwd":    # backward v3 and v4: dkdv's tiles plus the float32 dQ tile it reduces
         rows, streamed = 2 * cfg.block_n, 2 * cfg.block_m
         extra = 2 * cfg.block_m * cfg.block_n + (4 * cfg.block_m * head_dim) // elt
     else:
@@ -120,7 +127,7 @@ def backward_configs(head_dim: int, dtype: torch.dtype) -> list:
 
 
 def backward_v3_configs(head_dim: int, dtype: torch.dtype) -> list:
-    """Hand-picked configs of backward v3 (one kernel: K/V tiles of block_n rows, Q tiles of block_m), best first."""
+    """Hand-picked configs of backward v3 and v4 (one kernel: K/V tiles of block_n rows, Q tiles of block_m), best first."""
     if head_dim <= 64:
         return [C(64, 64, 4, 3), C(64, 64, 4, 2), C(32, 64, 4, 2), C(32, 32, 4, 1)]
     return [C(64, 128, 8, 3), C(32, 64, 4, 3), C(64, 64, 4, 2), C(32, 32, 4, 1)]
@@ -219,7 +226,9 @@ def _tma_ok(*tensors) -> bool:
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
 
 
-BWD_V3_HEAD_DIMS = (64,)   # backward v3 where it was measured faster (at 128 it spills: v2 is faster there)
+# (head dim, causal) where the one-pass backward (v4) measured faster than v2; None: both modes.  At D = 128
+# causal it spills registers and v2's two kernels are faster.
+ONE_PASS_BWD = ((64, None), (128, False))
 
 
 def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None,
@@ -236,9 +245,10 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
       hand-picked tiles v2's second copy of the loop costs more than the masks it removes: v1
       measured 1.07-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
       tiles win there);
-    * backward v3 (one pass, dQ reduced through TMA) on Hopper at head dim 64 and the same
-      sequence lengths as forward v3; v2 otherwise.  At D = 128 v3's two (BLOCK_N, 128) float32
-      accumulators plus the dQ tile spill registers and v2 is faster.  v3's dQ is not bitwise
+    * backward v4 (one pass, dQ reduced through TMA, descriptors made on the host) on Hopper at
+      head dim 64 and at head dim 128 non-causal (ONE_PASS_BWD), at the same sequence lengths as
+      forward v3; v2 otherwise.  At D = 128 causal the one-pass kernel's two (BLOCK_N, 128) float32
+      accumulators plus the dQ tile spill registers and v2 is faster.  The one-pass dQ is not bitwise
       reproducible (the adds arrive in any order): with ``torch.use_deterministic_algorithms(True)``
       the backward is v2, which is.
 
@@ -251,12 +261,36 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
     long_enough = n_key is None or n_key >= V3_FROM
     hopper = cc is not None and cc[0] >= 9
     bwd = "v2"
-    if (hopper and long_enough and head_dim in BWD_V3_HEAD_DIMS
-            and not torch.are_deterministic_algorithms_enabled()):
-        bwd = "v3"
+    one_pass = any(d == head_dim and (c is None or c == causal) for d, c in ONE_PASS_BWD)
+    if hopper and long_enough and one_pass and not torch.are_deterministic_algorithms_enabled():
+        bwd = "v4"
     if n_key is not None and n_key < 1024 and causal is False:
         return {"fwd": "v1", "bwd": bwd}
     return {"fwd": "v3" if (hopper and long_enough) else "v2", "bwd": bwd}
+
+
+_M_DESCS = ("q_desc", "o_desc", "do_desc", "dq_desc")   # descriptors in tiles of BLOCK_M rows; the rest BLOCK_N
+
+
+def _host_desc(t):
+    """A (B, H, N, D) tensor's descriptor for backward v4; its tile rows are set per config (_desc_blocks)."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, t.shape[-1]])
+
+
+def _desc_blocks(nargs: dict):
+    """Give each descriptor among a kernel's arguments its config's tile: (1, 1, BLOCK_M or BLOCK_N, D).
+
+    Also the autotuner's pre-hook: every config it times needs the descriptors in its own tiles.
+    """
+    for name, d in nargs.items():
+        if TensorDescriptor is not None and isinstance(d, TensorDescriptor):
+            rows = nargs["BLOCK_M"] if name in _M_DESCS else nargs["BLOCK_N"]
+            d.block_shape = [1, 1, rows, d.block_shape[-1]]
+
+
+def _with_blocks(kern, args: tuple, bm: int, bn: int) -> tuple:
+    _desc_blocks(dict(zip(kern.arg_names, args), BLOCK_M=bm, BLOCK_N=bn))
+    return args
 
 
 def _alloc(size: int, alignment: int, stream):
@@ -274,10 +308,11 @@ def _ensure_allocator():
 
 # ----------------------------------------------------------------------------------------- autotuning
 
-def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype) -> list:
+def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype, pre_hook=None) -> list:
     """Autotuning candidates (GPU only: the interpreter has no driver to time with).
 
     Kept short: every candidate is compiled once per head dim, causal flag and dtype.
+    ``pre_hook`` (backward v4): run before each config, to give the descriptors its tiles.
     """
     if kernel == "fwd":
         shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3),
@@ -288,18 +323,20 @@ def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype) -> list:
     elif kernel == "dq":
         shapes = [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 5),
                   (128, 64, 8, 2), (64, 64, 4, 4), (64, 32, 4, 4)]
-    elif head_dim <= 64:   # backward v3 (the H200's best at D = 64 in docs/BENCHMARKS.md, and neighbours)
+    elif head_dim <= 64:   # backward v3 / v4 (the H200's best at D = 64 in docs/BENCHMARKS.md, and neighbours)
         shapes = [(64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3), (128, 64, 4, 3)]
     else:
         shapes = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in shapes]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
+            for m, n, w, s in shapes]
 
 
 def _prune(kernel):
     def prune(configs, named_args, **kwargs):
         limit, cc = device.shared_memory_per_block() or 0, device.capability()
         hd = named_args.get("HEAD_DIM", kwargs.get("HEAD_DIM"))
-        e = named_args["Q"].element_size()
+        q = named_args["Q"] if "Q" in named_args else named_args["q_desc"].base
+        e = q.element_size()
         kept = [c for c in configs if estimate_shared_memory(
             kernel, C(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages), hd, e, cc) <= limit]
         return kept or configs[-1:]
@@ -319,9 +356,10 @@ def _tuned(name: str, kernel, kind: str, head_dim: int, dtype):
     """``kernel`` wrapped in triton.autotune (built on first use, on a GPU only)."""
     k = (name, head_dim, dtype)
     if k not in _TUNED:
-        _TUNED[k] = triton.autotune(configs=_autotune_list(kind, head_dim, dtype), key=_KEY,
+        hook = _desc_blocks if "q_desc" in kernel.arg_names else None
+        _TUNED[k] = triton.autotune(configs=_autotune_list(kind, head_dim, dtype, hook), key=_KEY,
                                     prune_configs_by={"early_config_prune": _prune(kind)},
-                                    reset_to_zero=["DQ_ACC"] if kind == "bwd" else None,   # v3 adds into it
+                                    reset_to_zero=["DQ_ACC"] if kind == "bwd" else None,   # v3 and v4 add into it
                                     do_bench=_quick_bench)(kernel)
     return _TUNED[k]
 
@@ -344,6 +382,8 @@ def _launch_tuned(kind: str, version: str, kern, q, grid, args: tuple, kw: dict)
         tuned[grid](*args, **kw)
         _BEST[key] = tuned.best_config
         return
+    if cfg.pre_hook is not None:
+        cfg.pre_hook(dict(zip(kern.arg_names, args), **cfg.kwargs))
     kern[grid(cfg.kwargs)](*args, **kw, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -430,7 +470,9 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         raise ValueError(f"version must be one of {BACKWARD_VERSIONS}, got {version!r}")
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    if version == "v3" and not _tma_ok(q, k, v, do, dk, dv):
+    if version == "v4" and TensorDescriptor is None:
+        version = "v3"
+    if version in ("v3", "v4") and not _tma_ok(q, k, v, do, dk, dv):
         version = "v2"
     prec = _dot_precision(q.dtype, allow_tf32)
     delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
@@ -439,8 +481,9 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         o, do, delta, *o.stride(), *do.stride(), H, Nq, BLOCK_M=pre_m, HEAD_DIM=D)
 
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    if version == "v3":
-        return _launch_backward_v3(q, k, v, do, lse, delta, dq, dk, dv, common, causal, scale, prec, config)
+    if version in ("v3", "v4"):
+        return _launch_backward_one_pass(version, q, k, v, do, lse, delta, dq, dk, dv, common, causal, scale, prec,
+                                         config)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *lse.stride(), H, Nq, Nk)
     dq_args = (q, k, v, do, lse, delta, dq, *common, *dq.stride(), *lse.stride(), H, Nq, Nk)
     if version == "v1":
@@ -481,31 +524,37 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     _launch_first_that_fits(("dq", version, D, q.dtype, q.device.index), lambda: [p[1] for p in pairs()], launch_dq)
 
 
-def _launch_backward_v3(q, k, v, do, lse, delta, dq, dk, dv, common, causal, scale, prec, config):
-    """Backward v3: one kernel adds dQ into a float32 buffer; dQ = scale * buffer."""
-    _ensure_allocator()
+def _launch_backward_one_pass(version, q, k, v, do, lse, delta, dq, dk, dv, common, causal, scale, prec, config):
+    """Backward v3 / v4: one kernel adds dQ into a float32 buffer; dQ = scale * buffer."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     dq_acc = torch.zeros((B, H, Nq, D), device=q.device, dtype=torch.float32)
     cc = device.capability()
-    args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common, *dk.stride(), *dv.stride(), *lse.stride(),
-            H, Nq, Nk, scale, scale * LOG2E, _n_key(Nq, Nk))
+    tail = (*lse.stride(), H, Nq, Nk, scale, scale * LOG2E, _n_key(Nq, Nk))
+    if version == "v4":   # the descriptors, made here once
+        kern = flash_bwd_kernel_v4
+        args = (*map(_host_desc, (q, k, v, do)), lse, delta, *map(_host_desc, (dk, dv, dq_acc)), dq_acc, *tail)
+    else:                 # v3 builds them in every program, from a scratch buffer the allocator gives
+        _ensure_allocator()
+        kern = flash_bwd_kernel_v3
+        args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common, *dk.stride(), *dv.stride(), *tail)
     kw = dict(CAUSAL=causal, HEAD_DIM=D, DOT_PRECISION=prec,
               TMA_REDUCE=(not device.INTERPRET and cc is not None and cc[0] >= 9),
               SPREAD=D > 64)   # measured: spreading the adds gains 1-5 % at D = 128 and costs 0-3 % at D = 64
 
     def launch(c):
-        flash_bwd_kernel_v3[_grid_1d(triton.cdiv(Nk, c.block_n), B * H)](
-            *args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps, num_stages=c.num_stages, **kw)
+        kern[_grid_1d(triton.cdiv(Nk, c.block_n), B * H)](
+            *_with_blocks(kern, args, c.block_m, c.block_n), BLOCK_M=c.block_m, BLOCK_N=c.block_n,
+            num_warps=c.num_warps, num_stages=c.num_stages, **kw)
 
     if config is not None:
         launch(config[0] if isinstance(config, tuple) else config)
     elif device.INTERPRET:
         launch(C(32, 32))
     elif autotune_enabled(q, _n_key(Nq, Nk)):
-        _launch_tuned("bwd", "v3", flash_bwd_kernel_v3, q, lambda m: _grid_1d(triton.cdiv(Nk, m["BLOCK_N"]), B * H),
+        _launch_tuned("bwd", version, kern, q, lambda m: _grid_1d(triton.cdiv(Nk, m["BLOCK_N"]), B * H),
                       args, kw)
     else:
-        _launch_first_that_fits(("bwd", "v3", D, q.dtype, q.device.index),
+        _launch_first_that_fits(("bwd", version, D, q.dtype, q.device.index),
                                 lambda: _fitting(backward_v3_configs(D, q.dtype), "bwd", D, q.dtype), launch)
     dq.copy_(dq_acc.mul_(scale))
