@@ -74,6 +74,24 @@ def test_production_tiles(rng, fv, bv, tiles, causal):
 
 
 @pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "kv-expanded"])
+def test_batches_heads_and_layouts(rng, fv, bv, layout):
+    """B = 2, H = 3, ragged Nq != Nk: every (batch, head) must find its own rows, also when Q, K, V are
+    (B, N, H, D) tensors seen as (B, H, N, D) (non-contiguous, 16-byte aligned: descriptors apply), and
+    when K, V are expanded over the heads (stride 0: backward v4 hands those to v3)."""
+    B, H, Nq, Nk, D = 2, 3, 70, 45, 32
+    if layout == "bnhd":
+        q, k, v = (_rand((B, n, H, D), torch.float16).transpose(1, 2) for n in (Nq, Nk, Nk))
+    else:
+        q = _rand((B, H, Nq, D), torch.float16)
+        k, v = (_rand((B, H, Nk, D), torch.float16) for _ in range(2))
+        if layout == "kv-expanded":
+            k, v = (_rand((B, 1, Nk, D), torch.float16).expand(B, H, Nk, D) for _ in range(2))
+    for causal in (False, True):
+        _assert_ok(check_attention(_op(fv, bv), q, k, v, causal), f"{fv}/{bv} {layout} causal={causal}")
+
+
+@pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_versions_default_tiles_large_logits(rng, fv, bv, dtype):
     """Each version with the default tiles: large logits (max subtraction), causal, a ragged tail."""
@@ -192,14 +210,20 @@ def test_grid_is_one_axis_and_checked():
 @pytest.mark.gpu
 @pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 def test_gpu_many_heads(rng, fv, bv):
-    """B * H = 70400 > 65535 (grid axis 1's limit): a 1-D grid has none."""
-    q, k, v = (_rand((1100, 64, 40, 16), torch.float16) for _ in range(3))
+    """B * H = 70400 > 65535 (grid axis 1's limit): a 1-D grid has none.  Forward and backward."""
+    q, k, v = (_rand((1100, 64, 40, 16), torch.float16).requires_grad_() for _ in range(3))
+    do = _rand((1100, 64, 40, 16), torch.float16)
     o, lse = _op(fv, bv)(q, k, v, True, None)
+    o.backward(do)
     for b, h in ((0, 0), (1099, 63), (550, 7)):
-        s = (q[b, h].double() @ k[b, h].double().T) / 4.0
+        qq, kk, vv = (t[b, h].detach().double().requires_grad_() for t in (q, k, v))
+        s = (qq @ kk.T) / 4.0
         s = s.masked_fill(torch.ones(40, 40, device=DEV, dtype=torch.bool).triu(1), float("-inf"))
-        ref = torch.softmax(s, -1) @ v[b, h].double()
+        ref = torch.softmax(s, -1) @ vv
+        ref.backward(do[b, h].double())
         assert (o[b, h].double() - ref).abs().max() < 5e-3, (b, h)
+        for got, want in ((q.grad, qq.grad), (k.grad, kk.grad), (v.grad, vv.grad)):
+            assert (got[b, h].double() - want).abs().max() < 2e-2, (b, h)
 
 
 @pytest.mark.gpu
@@ -300,6 +324,27 @@ def test_gpu_tuned_launch_remembers_and_agrees():
     assert kernels._BEST[key] == kernels._TUNED[("fwdv2", 64, torch.float16)].best_config
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     assert (outs[1].float() - ref).abs().max() < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_one_pass_tuned_launch_agrees():
+    """Backward v4 autotuned (the pre-hook gives the descriptors each config's tiles), then launched
+    again with the remembered config (the launcher sets the tiles itself): both agree with the reference."""
+    q, k, v, do = (_rand((2, 4, 1500, 64), torch.float16) for _ in range(4))
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=DEV)
+    kernels.launch_forward(q, k, v, o, lse, True, 0.125, version="v2")
+    grads = []
+    for _ in range(2):
+        g = [torch.empty_like(t) for t in (q, k, v)]
+        kernels.launch_backward(q, k, v, o, lse, do, *g, True, 0.125, version="v4")
+        grads.append(g)
+    assert any(key[:2] == ("bwd", "v4") for key in kernels._BEST)
+    qq, kk, vv = (t.float().requires_grad_() for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=0.125)
+    ref.backward(do.float())
+    for g in grads:
+        for got, want in zip(g, (qq.grad, kk.grad, vv.grad)):
+            assert (got.float() - want).abs().max() < 5e-2
 
 
 @pytest.mark.gpu

@@ -272,6 +272,13 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
 _M_DESCS = ("q_desc", "o_desc", "do_desc", "dq_desc")   # descriptors in tiles of BLOCK_M rows; the rest BLOCK_N
 
 
+def _host_desc_ok(*tensors) -> bool:
+    """Host descriptors span the whole tensor: no dimension may have stride 0 (K, V expanded over heads).
+
+    v3 folds the batch and head strides into each program's base address, so it takes those."""
+    return all(s > 0 for t in tensors for s in t.stride())
+
+
 def _host_desc(t):
     """A (B, H, N, D) tensor's descriptor for backward v4; its tile rows are set per config (_desc_blocks)."""
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 16, t.shape[-1]])
@@ -470,8 +477,8 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         raise ValueError(f"version must be one of {BACKWARD_VERSIONS}, got {version!r}")
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
-    if version == "v4" and TensorDescriptor is None:
-        version = "v3"
+    if version == "v4" and (TensorDescriptor is None or not _host_desc_ok(q, k, v, do, dk, dv)):
+        version = "v3" if TensorDescriptor is not None else "v2"   # a Triton without host descriptors lacks v3's too
     if version in ("v3", "v4") and not _tma_ok(q, k, v, do, dk, dv):
         version = "v2"
     prec = _dot_precision(q.dtype, allow_tf32)

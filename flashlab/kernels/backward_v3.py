@@ -32,9 +32,11 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
    overflows fp16 in dS when L_i is very negative, and inf * 0 in dS K is NaN.  No real P
    exceeds 1 (L_i is at least every score of row i), so the exponent is clamped at 0: exact
    for every real key, and a padded key's P stays at most 1, its dS finite, and its dS K
-   zero.  (A copy of the loop that masked j >= Nk did the same, but its pipeline buffers
-   took the shared memory from 89 to 146 KiB (D = 64), one program per SM instead of two:
-   16-52 % slower on the H200.)
+        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0,          # P^T <= 1 (keys past Nk too)
+                                      propagate_nan=tl.PropagateNan.ALL))
+   did the same, but the compiler gave it pipeline buffers of its own: 89 -> 146 KiB of shared
+   memory at D = 64, one program per SM instead of two, and 210 -> 322 KiB at D = 128, more
+   than an SM has, so autotuning fell back to smaller tiles; 16-52 % slower on the H200.)
 
 Like the teaching kernel, dQ's last bits now depend on the order the adds arrive in, which
 changes from run to run on a GPU (float addition is not associative); dK and dV do not.
@@ -65,7 +67,7 @@ def _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_ptrs, lse_base, del
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T / s (BLOCK_N, BLOCK_M)
         if MASK_CAUSAL:
             s_t = tl.where(offs_n[:, None] <= rows[None, :], s_t, float("-inf"))    # j <= i
-        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0))         # P^T <= 1 (keys past Nk too)
+        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0, propagate_nan=tl.PropagateNan.ALL))         # P^T <= 1 (keys past Nk too)
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)        # dV_j += P^T dO_i
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # dP^T = V_j dO_i^T
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)                          # dS^T

@@ -45,7 +45,8 @@ def _bwd_inner_v4(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_ptrs, off_b, off_h,
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T / s (BLOCK_N, BLOCK_M)
         if MASK_CAUSAL:
             s_t = tl.where(offs_n[:, None] <= rows[None, :], s_t, float("-inf"))    # j <= i
-        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0))         # P^T <= 1 (keys past Nk too)
+        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0,          # P^T <= 1 (keys past Nk too)
+                                      propagate_nan=tl.PropagateNan.ALL))
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)        # dV_j += P^T dO_i
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # dP^T = V_j dO_i^T
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)                          # dS^T
