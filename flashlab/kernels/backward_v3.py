@@ -16,7 +16,7 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
 2. **The add is one bulk reduction, not one atomic per element.**  On Hopper
    ``dq_desc.atomic_add([row, 0], tile)`` through a tensor descriptor becomes one TMA
    reduce of the whole tile (``cp.reduce.async.bulk.tensor``): the tile goes to shared
-   memory, and the copy engine and L2 do the adds asynchronously.  The teaching kernel (flashlab.teaching.atomic_dq) issues
+   memory, and the TMA unit and L2 do the adds asynchronously.  The teaching kernel (flashlab.teaching.atomic_dq) issues
    one fp32 ``atomic_add`` per element and measured 3.6x slower than v2.  Triton's
    interpreter has no descriptor reduce, so ``TMA_REDUCE=False`` (the interpreter's and
    pre-Hopper GPUs' path) adds through pointers instead; both are tested.
@@ -29,11 +29,13 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
 4. **Loads through tensor descriptors** for Q, K, V and dO, as in forward v3: rows past the
    end come back as zeros, so v2's masked copy of the loop for the ragged last Q tile is gone.
    Keys past Nk are zeros too, but their scores (0) would still give P = e^(-L_i), which
-   overflows fp16 in dS when L_i is very negative, and inf * 0 in dS K is NaN.  No real P
-   exceeds 1 (L_i is at least every score of row i), so the exponent is clamped at 0: exact
-   for every real key, and a padded key's P stays at most 1, its dS finite, and its dS K
-        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0,          # P^T <= 1 (keys past Nk too)
-                                      propagate_nan=tl.PropagateNan.ALL))
+   can overflow fp16 in dS = P (dP - D) when L_i is very negative (e^(-L_i) alone passes fp16's
+   65504 once L_i < -11.1), and inf * 0 in dS K is NaN.  On
+   paper no real P exceeds 1 (L_i is at least every score of row i), so the exponent is clamped
+   at 0: for a real key that only trims rounding (the recomputed score and the stored L_i can
+   differ in their last bits: P = 1 + 1e-4 becomes 1); a padded key's P becomes at most 1 (not
+   0), its dS finite, and its dS K zero since its K row is zero; its dK and dV rows are never
+   stored (NaN still propagates: ``propagate_nan``).  (A copy of the loop that masked j >= Nk
    did the same, but the compiler gave it pipeline buffers of its own: 89 -> 146 KiB of shared
    memory at D = 64, one program per SM instead of two, and 210 -> 322 KiB at D = 128, more
    than an SM has, so autotuning fell back to smaller tiles; 16-52 % slower on the H200.)
@@ -67,7 +69,8 @@ def _bwd_inner_v3(dk, dv, k, v, q_desc, do_desc, dq_desc, DQ_ptrs, lse_base, del
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T / s (BLOCK_N, BLOCK_M)
         if MASK_CAUSAL:
             s_t = tl.where(offs_n[:, None] <= rows[None, :], s_t, float("-inf"))    # j <= i
-        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0, propagate_nan=tl.PropagateNan.ALL))         # P^T <= 1 (keys past Nk too)
+        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0,          # P^T <= 1 (keys past Nk too)
+                                      propagate_nan=tl.PropagateNan.ALL))
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)        # dV_j += P^T dO_i
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # dP^T = V_j dO_i^T
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)                          # dS^T

@@ -2,15 +2,15 @@
 
 Diff against backward_v3.py.  v3 builds seven descriptors in every program (Q, K, V, dO, dK, dV
 and the float32 dQ buffer) with ``tl.make_tensor_descriptor``: each is a 128-byte "tensor map"
-written to global memory and fenced before the copy engine may read it, and the code that builds
-them is about 30 % of the kernel's SASS.  v4 receives the seven as kernel arguments, made once
+written to global memory and fenced before the TMA unit may read it, and the code that builds
+them is 17-30 % of the kernel's SASS (D = 64).  v4 receives the seven as kernel arguments, made once
 by the launcher (``triton.tools.tensor_descriptor.TensorDescriptor``) over the whole (B, H, N, D)
 tensors, strides as they are, in tiles of (1, 1, BLOCK, D).  A program names its (batch, head) in
 the first two coordinates of each load and reshapes the tile to 2-D:
 
     q = q_desc.load([off_b, off_h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
 
-The copy engine checks each coordinate against its own bound, so rows past N still load as zeros
+The TMA unit checks each coordinate against its own bound, so rows past N still load as zeros
 and stores there are still dropped; the loop is v3's.
 
 Prediction: a few per cent, most where programs are short (N = 4096) -- the same change in the
