@@ -269,7 +269,7 @@ def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_k
     return {"fwd": "v3" if (hopper and long_enough) else "v2", "bwd": bwd}
 
 
-_M_DESCS = ("q_desc", "o_desc", "do_desc", "dq_desc")   # descriptors in tiles of BLOCK_M rows; the rest BLOCK_N
+_M_DESCS = ("q_desc", "do_desc", "dq_desc")   # descriptors in tiles of BLOCK_M rows; the rest BLOCK_N
 
 
 def _host_desc_ok(*tensors) -> bool:
@@ -324,8 +324,6 @@ def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype, pre_hook=None
     if kernel == "fwd":
         shapes = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3),
                   (128, 32, 4, 3), (128, 64, 8, 4), (128, 128, 8, 2), (64, 128, 4, 3)]
-        if head_dim > 64:   # two 128-row programs per SM: 96 KiB each, 128 registers (sm_90, triton 3.6: no spills)
-            shapes.append((128, 64, 8, 2, 128))
     elif kernel == "dkdv":
         shapes = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 4, 5),
                   (64, 128, 8, 2), (64, 64, 4, 4), (32, 64, 4, 4)]
@@ -336,9 +334,8 @@ def _autotune_list(kernel: str, head_dim: int, dtype: torch.dtype, pre_hook=None
         shapes = [(64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3), (128, 64, 4, 3)]
     else:
         shapes = [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook,
-                          maxnreg=rest[0] if rest else None)   # a register cap, where given
-            for m, n, w, s, *rest in shapes]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s, pre_hook=pre_hook)
+            for m, n, w, s in shapes]
 
 
 def _prune(kernel):
@@ -394,8 +391,7 @@ def _launch_tuned(kind: str, version: str, kern, q, grid, args: tuple, kw: dict)
         return
     if cfg.pre_hook is not None:
         cfg.pre_hook(dict(zip(kern.arg_names, args), **cfg.kwargs))
-    cap = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
-    kern[grid(cfg.kwargs)](*args, **kw, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cap)
+    kern[grid(cfg.kwargs)](*args, **kw, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def tuned_configs() -> list:
@@ -406,7 +402,7 @@ def tuned_configs() -> list:
         out.append({"kernel": f"{kind} {version}", "dtype": str(dtype).replace("torch.", ""), "n_key": n_key,
                     "head_dim": head_dim, "causal": causal, "precision": prec,
                     "block_m": cfg.kwargs["BLOCK_M"], "block_n": cfg.kwargs["BLOCK_N"],
-                    "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "maxnreg": cfg.maxnreg})
+                    "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     return out
 
 
