@@ -91,6 +91,20 @@ def test_batches_heads_and_layouts(rng, fv, bv, layout):
         _assert_ok(check_attention(_op(fv, bv), q, k, v, causal), f"{fv}/{bv} {layout} causal={causal}")
 
 
+def test_one_pass_hands_zero_strides_to_v3(rng, monkeypatch):
+    """K, V expanded over the heads (stride 0) never reach backward v4's host descriptors: v3 runs."""
+    B, H, N, D = 1, 2, 40, 32
+    q = _rand((B, H, N, D), torch.float16)
+    k, v = (_rand((B, 1, N, D), torch.float16).expand(B, H, N, D) for _ in range(2))
+    assert not kernels._host_desc_ok(k) and kernels._host_desc_ok(q)
+
+    def refuse(*a, **kw):
+        raise AssertionError("backward v4 got a tensor with stride 0")
+    monkeypatch.setattr(kernels, "flash_bwd_kernel_v4", type("K", (), {"__getitem__": lambda self, g: refuse,
+                                                                       "arg_names": []})())
+    _assert_ok(check_attention(_op("v3", "v4"), q, k, v, True), "v4 on expanded K, V")
+
+
 @pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_versions_default_tiles_large_logits(rng, fv, bv, dtype):

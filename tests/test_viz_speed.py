@@ -66,3 +66,17 @@ def test_autotune_table_and_its_guard():
         assert kernels.tuned_configs() == []     # the interpreter never autotunes
         with pytest.raises(RuntimeError, match="GPU only"):
             S.autotune_choices([1024], 64)
+
+
+def test_autotune_table_keeps_only_the_versions_the_op_ran():
+    """A process that timed every version has tuned configs for all of them: the table shows the op's."""
+    import torch
+    base = dict(dtype="float16", n_key=4096, head_dim=128, causal=False, precision="ieee",
+                block_m=64, block_n=64, num_warps=4, num_stages=3)
+    tuned = [dict(base, kernel=k) for k in ("fwd v2", "fwd v3", "dkdv v2", "dq v2", "bwd v3", "bwd v4")]
+    tuned.append(dict(base, kernel="fwd v3", n_key=8192))
+    tuned.append(dict(base, kernel="fwd v3", causal=True))
+    kept = S.ran_by_the_op(tuned, {"fwd": "v3", "bwd": "v4"}, 4096, 128, False, torch.float16)
+    assert [r["kernel"] for r in kept] == ["fwd v3", "bwd v4"]
+    kept = S.ran_by_the_op(tuned, {"fwd": "v2", "bwd": "v2"}, 4096, 128, False, torch.float16)
+    assert [r["kernel"] for r in kept] == ["fwd v2", "dkdv v2", "dq v2"]
