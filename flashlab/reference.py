@@ -371,6 +371,12 @@ def attention_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw):
         qi = q[cq[b]:cq[b + 1]].transpose(0, 1)[None]
         ki = k[ck[b]:ck[b + 1]].transpose(0, 1)[None]
         vi = v[ck[b]:ck[b + 1]].transpose(0, 1)[None]
+        if qi.shape[2] == 0:
+            continue
+        if ki.shape[2] == 0:                                               # no keys: O = 0, LSE = -inf
+            outs.append(torch.zeros_like(q[cq[b]:cq[b + 1]]))
+            lses.append(torch.full((q.shape[1], qi.shape[2]), float("-inf"), dtype=q.dtype, device=q.device))
+            continue
         kwb = dict(kw)
         sl = kw.get("alibi_slopes")
         if sl is not None and sl.dim() == 2:
