@@ -167,6 +167,48 @@ def uses_variants(attn_mask=None, dropout_p=0.0, enable_gqa=False, window=None, 
             or alibi_slopes is not None or heads_differ)
 
 
+# ----------------------------------------------------------------------------------------- tile maps
+
+def band_tile_ranges(r0: int, r_block: int, c_block: int, n_cols: int, before: int, after: int):
+    """forward_v4.band_tiles in Python: (lo, full_lo, full_hi, hi) for rows r0 .. r0 + r_block - 1.
+
+    Row i sees columns i - before ... i + after (< n_cols); ``before``/``after`` < 0: unbounded.
+    [lo, full_lo) and [full_hi, hi) are the masked stages, [full_lo, full_hi) the unmasked one.
+    """
+    big = 1 << 40
+    before, after = (big if before < 0 else before), (big if after < 0 else after)
+    first = max(r0 - before, 0)
+    hi = min(r0 + r_block + after, n_cols)
+    hi = hi if first < hi else 0
+    lo = min(first // c_block * c_block, hi)
+    full_lo = min(max(-(-max(r0 + r_block - 1 - before, 0) // c_block) * c_block, lo), hi)
+    full_hi = min(max(min(r0 + after + 1, n_cols) // c_block * c_block, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+def visited_tiles(nq: int, nk: int, block_m: int, block_n: int, window=None, is_causal: bool = False,
+                  cu_seqlens_q=None, cu_seqlens_k=None):
+    """The (Q tile, K tile) pairs forward v4 visits, as rectangles (row0, row1, col0, col1, masked).
+
+    ``window``/``is_causal`` as in flash_attention.  With ``cu_seqlens_q``/``_k`` (lists) the rows
+    and columns are packed documents, each tiled from its own first row, as the varlen kernel does.
+    ``masked``: the tile is in a masked stage (it crosses the band's edge or a ragged end).
+    """
+    left, right = (-1, -1) if window is None else window
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    cq = [0, nq] if cu_seqlens_q is None else list(cu_seqlens_q)
+    ck = [0, nk] if cu_seqlens_k is None else list(cu_seqlens_k)
+    out = []
+    for q0, q1, k0, k1 in zip(cq[:-1], cq[1:], ck[:-1], ck[1:]):
+        for r0 in range(0, q1 - q0, block_m):
+            lo, flo, fhi, hi = band_tile_ranges(r0, block_m, block_n, k1 - k0, left, right)
+            for c0 in range(lo, hi, block_n):
+                out.append((q0 + r0, min(q0 + r0 + block_m, q1), k0 + c0, min(k0 + c0 + block_n, k1),
+                            not flo <= c0 < fhi))
+    return out
+
+
 # ----------------------------------------------------------------------------------------- host code
 
 def _kernel_head_dim(d: int) -> int:

@@ -406,3 +406,23 @@ def test_varlen_bad_inputs(over, exc, words):
     a.update(over)
     with pytest.raises(exc, match=words):
         flashlab.flash_attention_varlen(q, q, q, a["cq"], a["ck"], a["max_q"], a["max_k"])
+
+
+def test_visited_tiles_are_exactly_those_the_band_meets(rng):
+    """variants.band_tile_ranges (forward v4's band_tiles in Python) against brute force: a tile is
+    visited iff one of its pairs is visible, and unmasked only if all its pairs are (and it is full)."""
+    import random
+    r = random.Random(0)
+    for _ in range(200):
+        nq, nk = r.randint(1, 200), r.randint(1, 200)
+        bm, bn = r.choice([16, 32, 64]), r.choice([16, 32, 64])
+        left, right = r.choice([-1, 0, 3, 17, 64]), r.choice([-1, 0, 5, 40])
+        for r0 in range(0, nq, bm):
+            lo, flo, fhi, hi = variants.band_tile_ranges(r0, bm, bn, nk, left, right)
+            for c0 in range(0, nk, bn):
+                vis = [(i, j) for i in range(r0, r0 + bm) for j in range(c0, min(c0 + bn, nk))
+                       if (left < 0 or j >= i - left) and (right < 0 or j <= i + right)]
+                seen = lo <= c0 < hi
+                assert seen == bool(vis), (nq, nk, bm, bn, left, right, r0, c0)
+                if flo <= c0 < fhi:
+                    assert len(vis) == bm * bn, (nq, nk, bm, bn, left, right, r0, c0)

@@ -107,10 +107,10 @@ def band_tiles(r0, R_BLOCK: tl.constexpr, C_BLOCK: tl.constexpr, n_cols, before,
     [lo, full_lo) and [full_hi, hi) cross an edge (masked stages); [full_lo, full_hi) is wholly
     visible to every row (unmasked).  ``active`` False (a program past its sequence): all empty.
     """
+    first = tl.maximum(r0 - before, 0)                                # the first column row r0 sees
     hi = tl.minimum(r0 + R_BLOCK + after, n_cols)
-    hi = tl.where(active, hi, 0)
-    lo = tl.maximum(r0 - before, 0) // C_BLOCK * C_BLOCK
-    lo = tl.minimum(lo, hi)
+    hi = tl.where(active & (first < hi), hi, 0)                      # the band may miss the columns
+    lo = tl.minimum(first // C_BLOCK * C_BLOCK, hi)
     full_lo = tl.cdiv(tl.maximum(r0 + R_BLOCK - 1 - before, 0), C_BLOCK) * C_BLOCK
     full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
     full_hi = tl.minimum(r0 + after + 1, n_cols) // C_BLOCK * C_BLOCK
