@@ -35,8 +35,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import device
-from .kernels.backward_v5 import launch_backward_v5
-from .kernels.forward_v4 import dropout_mask, launch_forward_v4
 
 __all__ = ["attention", "flash_attention_varlen", "uses_variants", "dropout_mask"]
 
@@ -167,6 +165,12 @@ def uses_variants(attn_mask=None, dropout_p=0.0, enable_gqa=False, window=None, 
             or alibi_slopes is not None or heads_differ)
 
 
+def dropout_mask(B: int, H: int, Nq: int, Nk: int, p: float, seed: int, device=None):
+    """The keep mask (B, H, Nq, Nk), bool, that the kernels draw for ``seed`` (a debug view, tiny sizes only)."""
+    from .kernels.forward_v4 import dropout_mask as _mask
+    return _mask(B, H, Nq, Nk, p, seed, device=device)
+
+
 # ----------------------------------------------------------------------------------------- tile maps
 
 def band_tile_ranges(r0: int, r_block: int, c_block: int, n_cols: int, before: int, after: int):
@@ -207,6 +211,19 @@ def visited_tiles(nq: int, nk: int, block_m: int, block_n: int, window=None, is_
                 out.append((q0 + r0, min(q0 + r0 + block_m, q1), k0 + c0, min(k0 + c0 + block_n, k1),
                             not flo <= c0 < fhi))
     return out
+
+
+def varlen_program(pid: int, cu_seqlens, max_seqlen: int, block_m: int, H: int):
+    """What program ``pid`` of the varlen forward computes: (sequence, head, first packed row, rows).
+
+    The grid is cdiv(max_seqlen, block_m) * S * H programs, tile index fastest (common.program_tile);
+    ``rows`` is how many of the tile's block_m rows lie in the sequence (0: the program stores nothing).
+    """
+    n_tiles = -(-max_seqlen // block_m)
+    tile, bh = pid % n_tiles, pid // n_tiles
+    b, h = bh // H, bh % H
+    start, length = cu_seqlens[b], cu_seqlens[b + 1] - cu_seqlens[b]
+    return b, h, start + tile * block_m, max(0, min(block_m, length - tile * block_m))
 
 
 # ----------------------------------------------------------------------------------------- host code
@@ -274,6 +291,7 @@ def _forward(q, k, v, mask, slopes, cu_q, cu_k, max_q: int, max_k: int, left: in
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
     seed = _draw_seed(dropout_p, seed)
     m = None if varlen else _expand_mask(mask, B, H, Nq, Nk)
+    from .kernels.forward_v4 import launch_forward_v4
     launch_forward_v4(qp, kp, vp, o, lse, scale=scale, group=H // Hk, band=_band(left, right),
                       softcap=softcap if softcap > 0 else None, mask=m, slopes=_slopes_view(slopes, B, H),
                       cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, dropout_p=dropout_p, seed=seed,
@@ -296,6 +314,7 @@ def _backward(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q: int, max_k: 
     else:
         B = q.shape[0]
         m = _expand_mask(mask, B, H, q.shape[2], k.shape[2])
+    from .kernels.backward_v5 import launch_backward_v5
     launch_backward_v5(qp, kp, vp, op, lse, dop, dq, dk, dv, scale=scale, group=H // Hk, band=_band(left, right),
                        softcap=softcap if softcap > 0 else None, mask=m, slopes=_slopes_view(slopes, B, H),
                        cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, dropout_p=dropout_p, seed=seed,

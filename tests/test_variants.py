@@ -426,3 +426,60 @@ def test_visited_tiles_are_exactly_those_the_band_meets(rng):
                 assert seen == bool(vis), (nq, nk, bm, bn, left, right, r0, c0)
                 if flo <= c0 < fhi:
                     assert len(vis) == bm * bn, (nq, nk, bm, bn, left, right, r0, c0)
+
+
+# ----------------------------------------------------------------------------------------- notebook 08's exercises
+
+def _dropout_backward(q, k, v, o, lse, do, p, keep, block_q, block_k, bug=None):
+    """A learner's tiled NumPy answer; ``bug`` plants one of the named mistakes."""
+    import numpy as np
+    nq, d = q.shape
+    nk = k.shape[0]
+    sc = 1 / math.sqrt(d)
+    if bug == "delta_undropped":
+        o = np.exp(sc * q @ k.T - lse[:, None]) @ v
+    delta = (do * o).sum(1)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for i0 in range(0, nq, block_q):
+        for j0 in range(0, nk, block_k):
+            qi, doi, kj, vj = q[i0:i0 + block_q], do[i0:i0 + block_q], k[j0:j0 + block_k], v[j0:j0 + block_k]
+            rows, cols = np.arange(i0, i0 + len(qi)), np.arange(j0, j0 + len(kj))
+            P = np.exp(sc * qi @ kj.T - lse[i0:i0 + block_q, None])
+            z = keep(cols, rows).T if bug == "mask_transposed" else keep(rows, cols)
+            z = z if bug == "no_rescale" else z / (1 - p)
+            dv[j0:j0 + block_k] += (P * z).T @ doi
+            dp = doi @ vj.T if bug == "dp_not_dropped" else (doi @ vj.T) * z
+            ds = P * (dp - delta[i0:i0 + block_q, None])
+            dq[i0:i0 + block_q] += sc * ds @ kj
+            dk[j0:j0 + block_k] += sc * ds.T @ qi
+    return dq, dk, dv
+
+
+def test_notebook_08_exercises_pass_their_solutions_and_name_their_mistakes():
+    from flashlab.grader import grade
+    from flashlab.grader.exercises import EXERCISES
+    from flashlab.grader.exercises import variants as V
+    assert {n for n, ex in EXERCISES.items() if ex.notebook == "08"} == {
+        "window_tile_bounds", "gqa_head_map", "varlen_program_map", "dropout_backward"}
+    solutions = {
+        "window_tile_bounds": lambda t, bm, bn, nk, l, r: variants.band_tile_ranges(t * bm, bm, bn, nk, l, r),
+        "gqa_head_map": V._gqa_ref_fn, "varlen_program_map": variants.varlen_program,
+        "dropout_backward": _dropout_backward}
+    for name, f in solutions.items():
+        r = grade(name, f)
+        assert r.passed, str(r)
+    planted = [("window_tile_bounds", fn, bug.title) for fn, bug in zip(
+        (V._no_missing_check, V._first_row_for_left, V._last_row_for_right, V._ragged_unmasked, V._hi_off_by_one,
+         V._unbounded_as_zero), V.WINDOW_BUGS)]
+    planted += [("dropout_backward", (lambda b: lambda *a: _dropout_backward(*a, bug=b))(bug.key), bug.title)
+                for bug in V.DROPOUT_BUGS]
+    planted += [("varlen_program_map", V._tiles_from_total, "tiles per sequence counted from the packed length"),
+                ("gqa_head_map", lambda H, Hk: ([h % Hk for h in range(H)],
+                                                [[hk + i * Hk for i in range(H // Hk)] for hk in range(Hk)]),
+                 "query head h mapped to K/V head h % H_kv")]
+    for name, f, title in planted:
+        r = str(grade(name, f))
+        assert "FAILED" in r and title in r, (name, title, r)
+    stored = lambda q, k, v, o, lse, do, p, keep, bq, bk: _dropout_backward(q, k, v, o, lse, do, p, keep, 10**6, 10**6)
+    r = str(grade("dropout_backward", stored))
+    assert "tile by tile" in r, r                       # the whole mask at once is refused, though the values are right
