@@ -254,7 +254,7 @@ VARLEN = [
 @pytest.mark.parametrize("label,kw", VARLEN, ids=[c[0] for c in VARLEN])
 def test_varlen_matches_float64(rng, label, kw):
     lens_q, lens_k = [5, 33, 0, 1, 40], [7, 20, 0, 3, 40]
-    H, Hk, D = 4, 2, 16
+    H, Hk, D = 2, 1, 16
     q, k, v, cq, ck = _packed(lens_q, lens_k, H, Hk, D)
     kw = dict(kw)
     if kw.get("alibi_slopes") == "SH":
