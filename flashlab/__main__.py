@@ -20,6 +20,20 @@ def _bench(args):
 
     from . import bench
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+    if args.overhead:
+        B, H, N, D = (int(x) for x in args.overhead_shape.split(","))
+        rows = []
+        for causal in args.causal if args.causal_given else [False]:
+            rows += bench.overhead(B, H, N, D, [dtypes[d] for d in (args.dtypes if args.dtypes_given else
+                                                                      ["fp16", "bf16"])], causal, args.calls)
+        print(bench.format_overhead(rows))
+        from .kernels import tiles
+        print(f"flashlab's launches: {tiles.STATS['fast']} through the compiled kernels' runners, "
+              f"{tiles.STATS['jit']} through Triton's launch path")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([bench.asdict(r) for r in rows], f, indent=1)
+        return 0
     rows = []
     for mode in args.modes:
         for dt in args.dtypes:
@@ -97,6 +111,11 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--causal", nargs="+", type=lambda s: s.lower() in ("1", "true", "yes"), default=[False, True])
     p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--overhead", action="store_true",
+                   help="host cost instead: wall clock per call, back to back, at a tiny shape, beside SDPA "
+                        "(fwd and fwd+bwd; default fp16 and bf16, non-causal)")
+    p.add_argument("--overhead-shape", default="1,1,128,64", help="B,H,N,D for --overhead")
+    p.add_argument("--calls", type=int, default=2000, help="back-to-back calls per repeat for --overhead")
     p.set_defaults(func=_bench)
 
     from . import demo
@@ -105,7 +124,9 @@ def main(argv=None) -> int:
     from .grader import cli as grader_cli
     grader_cli.add_commands(sub)
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.causal_given, args.dtypes_given = "--causal" in argv, "--dtypes" in argv
     try:
         return args.func(args)
     except device.TritonMissing as e:   # a laptop without Triton: say so, no traceback

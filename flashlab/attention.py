@@ -94,23 +94,18 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def _align(*ts) -> int:
-    """The tensors' base addresses modulo 16, packed: part of what Triton specialises a kernel on."""
-    a = 0
-    for t in ts:
-        a = (a << 4) | (t.data_ptr() & 15)
-    return a
-
-
 class _Call:
     """One kind of call made ready: its plan, whether inputs need padding or a cast, the output shapes, and the
-    compiled kernels' runners (kept per exact shapes, strides and alignment: the call cache's key)."""
-    __slots__ = ("plan", "prep", "d", "dk", "cdt", "dtype", "launch", "runners", "o_shape", "lse_shape")
+    compiled kernels' runners (kept per exact shapes, strides and alignment: the call cache's key).  A forward
+    call keeps the backward calls of its outputs (``bwd``, keyed by dO's strides and alignment)."""
+    __slots__ = ("plan", "prep", "d", "dk", "cdt", "dtype", "launch", "runners", "o_shape", "lse_shape", "device",
+                 "causal", "allow_tf32", "bwd")
 
     def __init__(self, q, k, v, causal, allow_tf32, backward, extra=()):
-        self.d, self.dtype = q.shape[-1], q.dtype
+        self.d, self.dtype, self.device = q.shape[-1], q.dtype, q.device
         self.dk, self.cdt = kernel_head_dim(self.d), _compute_dtype(q.dtype)
         self.prep = self.dk != self.d or self.cdt != self.dtype
+        self.causal, self.allow_tf32 = causal, allow_tf32
         qp, kp, vp, *xp = (_prepare(t, self.dk, self.cdt) for t in (q, k, v, *extra))
         self.plan = plan_for(qp, kp, vp, causal, allow_tf32=allow_tf32, extra=tuple(xp))
         mods = BACKWARD if backward else FORWARD
@@ -118,43 +113,70 @@ class _Call:
         self.runners = {}
         B, H, Nq = q.shape[:3]
         self.o_shape, self.lse_shape = (B, H, Nq, self.dk), (B, H, Nq)
+        self.bwd = {}
+
+    def forward(self, q, k, v, scale):
+        if self.prep:
+            q, k, v = (_prepare(t, self.dk, self.cdt) for t in (q, k, v))
+        o = torch.empty(self.o_shape, device=self.device, dtype=self.cdt)
+        lse = torch.empty(self.lse_shape, device=self.device, dtype=torch.float32)
+        self.launch(self.plan, q, k, v, o, lse, scale, self.runners)
+        if self.prep:
+            o = o[..., :self.d].to(self.dtype)
+        return o, lse
+
+    def backward(self, q, k, v, o, lse, do, scale):
+        if self.prep:
+            q, k, v, o, do = (_prepare(t, self.dk, self.cdt) for t in (q, k, v, o, do))
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self.launch(self.plan, q, k, v, o, lse, do, dq, dk, dv, scale, self.runners)
+        if self.prep:
+            return dq[..., :self.d].to(self.dtype), dk[..., :self.d].to(self.dtype), dv[..., :self.d].to(self.dtype)
+        return dq, dk, dv
+
+    def backward_of(self, q, k, v, o, lse, do):
+        """The backward call for this forward's outputs and this dO (o and lse are the forward's own)."""
+        key = (do.stride(), do.data_ptr() & 15, torch.are_deterministic_algorithms_enabled())
+        c = self.bwd.get(key)
+        if c is None:
+            c = self.bwd[key] = _Call(q, k, v, self.causal, self.allow_tf32, True, (do,))
+        return c
 
 
-_FWD: dict = {}
-_BWD: dict = {}
+_FWD: dict = {}   # exact key (shapes, strides, dtypes, devices, flags, alignment) -> forward _Call
+_BWD: dict = {}   # the same for _backward called on its own (torch.ops.flashlab.attention_backward)
+
+
+def _fwd_call(q, k, v, causal: bool, allow_tf32: bool) -> _Call:
+    """The forward call for these inputs; inputs of a kind not seen before are checked first (check_inputs)."""
+    try:
+        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+               k.device, v.device, causal, allow_tf32,
+               (q.data_ptr() & 15) | (k.data_ptr() & 15) << 4 | (v.data_ptr() & 15) << 8)
+    except AttributeError:   # not tensors: check_inputs says so
+        check_inputs(q, k, v)
+        raise
+    c = _FWD.get(key)
+    if c is None:
+        check_inputs(q, k, v)
+        c = _FWD[key] = _Call(q, k, v, causal, allow_tf32, False)
+    return c
 
 
 def _forward(q, k, v, causal: bool, scale: float, allow_tf32: bool):
     """Run the forward kernel: (o in q's dtype, lse float32)."""
-    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device, causal, allow_tf32,
-           _align(q, k, v))
-    c = _FWD.get(key)
-    if c is None:
-        c = _FWD[key] = _Call(q, k, v, causal, allow_tf32, False)
-    if c.prep:
-        q, k, v = (_prepare(t, c.dk, c.cdt) for t in (q, k, v))
-    o = torch.empty(c.o_shape, device=q.device, dtype=c.cdt)
-    lse = torch.empty(c.lse_shape, device=q.device, dtype=torch.float32)
-    c.launch(c.plan, q, k, v, o, lse, scale, c.runners)
-    if c.prep:
-        o = o[..., :c.d].to(c.dtype)
-    return o, lse
+    return _fwd_call(q, k, v, causal, allow_tf32).forward(q, k, v, scale)
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, allow_tf32: bool):
     """Run the backward kernels: (dq, dk, dv) in q's dtype.  ``o`` and ``lse`` are the forward's outputs."""
     key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), do.stride(), lse.stride(), q.dtype,
-           q.device, causal, allow_tf32, _align(q, k, v, o, do, lse), torch.are_deterministic_algorithms_enabled())
+           q.device, causal, allow_tf32, torch.are_deterministic_algorithms_enabled(),
+           tuple(t.data_ptr() & 15 for t in (q, k, v, o, do, lse)))
     c = _BWD.get(key)
     if c is None:
         c = _BWD[key] = _Call(q, k, v, causal, allow_tf32, True, (do,))
-    if c.prep:
-        q, k, v, o, do = (_prepare(t, c.dk, c.cdt) for t in (q, k, v, o, do))
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    c.launch(c.plan, q, k, v, o, lse, do, dq, dk, dv, scale, c.runners)
-    if c.prep:
-        return dq[..., :c.d].to(c.dtype), dk[..., :c.d].to(c.dtype), dv[..., :c.d].to(c.dtype)
-    return dq, dk, dv
+    return c.backward(q, k, v, o, lse, do, scale)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -162,21 +184,24 @@ class _FlashAttention(torch.autograd.Function):
     (measured: tens of microseconds less per call, which matters when a kernel takes as little)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, allow_tf32):
-        o, lse = _forward(q, k, v, causal, scale, allow_tf32)
+    def forward(ctx, q, k, v, call, scale):
+        o, lse = call.forward(q, k, v, scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.allow_tf32 = causal, scale, allow_tf32
+        ctx.call, ctx.scale = call, scale
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.allow_tf32)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = ctx.call.backward_of(q, k, v, o, lse, do).backward(q, k, v, o, lse, do, ctx.scale)
+        return dq, dk, dv, None, None
 
 
-_CHECKED: set = set()   # (shapes, dtypes, devices) of inputs check_inputs passed: their checks are done
+# Function.apply's Python wrapper unwraps functorch's dead wrappers with a pytree walk on every call (microseconds);
+# outside functorch transforms the C implementation underneath is what it calls.
+_apply_c = super(torch.autograd.Function, _FlashAttention).apply
+_functorch_active = torch._C._are_functorch_transforms_active
 
 try:
     _any_autocast = torch._C._is_any_autocast_enabled
@@ -209,20 +234,22 @@ def _attention(q, k, v, causal, scale, allow_tf32):
         check_inputs(q, k, v, scale)   # (autocast: the op's own autocast rule, flashlab/op.py)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         return torch.ops.flashlab.attention_forward(q, k, v, bool(causal), scale, bool(allow_tf32))
-    try:
-        seen = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device) in _CHECKED
-    except AttributeError:
-        seen = False
-    if not seen or (scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < math.inf)):
-        check_inputs(q, k, v, scale)
-        _CHECKED.add((q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device))
     if _any_autocast():
+        check_inputs(q, k, v, scale)
         q, k, v = _autocast(q, k, v)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    causal, allow_tf32 = bool(causal), bool(allow_tf32)
+    call = _fwd_call(q, k, v, causal is True or bool(causal), allow_tf32 is True or bool(allow_tf32))
+    if scale is None:
+        scale = 1.0 / math.sqrt(call.d)
+    elif isinstance(scale, float) and 0.0 < scale < math.inf:
+        pass
+    else:
+        check_inputs(q, k, v, scale)
+        scale = float(scale)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _FlashAttention.apply(q, k, v, causal, scale, allow_tf32)
-    return _forward(q, k, v, causal, scale, allow_tf32)   # nothing to differentiate: no autograd node
+        if _functorch_active():
+            return _FlashAttention.apply(q, k, v, call, scale)
+        return _apply_c(q, k, v, call, scale)
+    return call.forward(q, k, v, scale)   # nothing to differentiate: no autograd node
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,

@@ -172,7 +172,8 @@ def test_the_op_runs_its_plan(rng, spy, causal, dtype):
     _ = check_attention(lambda *a: flash_attention(*a[:3], causal=a[3], scale=a[4], return_lse=True), q, k, v, causal)
     from flashlab import attention
     p = P.plan_for(q.detach(), k.detach(), v.detach(), causal)
-    assert any(c.plan is p for c in attention._FWD.values()) and any(c.plan is p for c in attention._BWD.values())
+    assert any(c.plan is p for c in attention._FWD.values())
+    assert any(b.plan is p for c in attention._FWD.values() for b in c.bwd.values())
     want = {(KERNELS[s.kernel], s.config, s.grid) for s in p.forward + p.backward}
     assert set(spy) == want, (spy, want)
 
@@ -198,3 +199,97 @@ def test_forced_versions_and_tiles_run_as_planned(rng, spy, fv, bv):
     assert (o.double() - ref).abs().max() < 2e-3
     for got, want in zip(g, (qq.grad, kk.grad, vv.grad)):
         assert (got.double() - want).abs().max() < 2e-2
+
+
+# ------------------------------------------------------------------------------------------------ GPU only
+
+def _fresh_calls():
+    from flashlab import attention
+    attention._FWD.clear()
+    attention._BWD.clear()
+    kernels._RUNNERS.clear()
+
+
+@pytest.mark.gpu
+def test_gpu_plan_here():
+    f = P.device_facts()
+    assert f.cc == device.capability() and f.shared_memory == device.shared_memory_per_block() and not f.interpret
+    p = P.plan(1, 16, 4096, 4096, 64, fp16, True)
+    assert p.fwd_version == ("v3" if f.hopper else "v2") and p.bwd_version == ("v4" if f.hopper else "v2")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [fp16, bf16])
+def test_gpu_fast_launch_is_taken_and_gives_the_same_bits(rng, monkeypatch, causal, dtype):
+    """After a call's first launch its compiled kernels run through their own runners (tiles.STATS["fast"]
+    counts them), with the same bits as Triton's launch path gives (FLASHLAB_FAST_LAUNCH=0)."""
+    q, k, v, do = (torch.randn(1, 2, 300, 64, device=DEV, dtype=dtype) for _ in range(4))
+
+    def once():
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        o = flash_attention(qg, kg, vg, causal)
+        return (o, *torch.autograd.grad(o, (qg, kg, vg), do))
+    monkeypatch.setattr(tiles, "FAST", False)
+    _fresh_calls()
+    slow = [once() for _ in range(2)]
+    monkeypatch.setattr(tiles, "FAST", True)
+    _fresh_calls()
+    first = once()
+    before = tiles.STATS["fast"]
+    again = [once() for _ in range(3)]
+    p = P.plan_for(q, k, v, causal)
+    assert tiles.STATS["fast"] - before == 3 * (len(p.forward) + len(p.backward)), "not every launch took the runner"
+    for got in [first] + again:
+        assert all(torch.equal(a, b) for a, b in zip(got, slow[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fv,bv", [("v3", "v3"), ("v3", "v4")])
+def test_gpu_descriptor_versions_through_the_runner(rng, fv, bv):
+    """Forward v3 (descriptors made on the device, the allocator's scratch) and backward v3 / v4 (descriptors
+    made on the host, the config's tiles) launched again through the runners agree with the reference."""
+    q, k, v, do = (torch.randn(2, 3, 700, 64, device=DEV, dtype=fp16) for _ in range(4))
+    _fresh_calls()
+    before = tiles.STATS["fast"]
+    for _ in range(3):
+        o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=DEV)
+        kernels.launch_forward(q, k, v, o, lse, False, 0.125, version=fv, config=C(64, 64, 4, 2))
+        g = [torch.empty_like(t) for t in (q, k, v)]
+        kernels.launch_backward(q, k, v, o, lse, do, *g, False, 0.125, version=bv, config=C(64, 64, 4, 2))
+    assert tiles.STATS["fast"] - before >= 2 * 3
+    qq, kk, vv = (t.float().requires_grad_() for t in (q, k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, scale=0.125)
+    ref.backward(do.float())
+    assert (o.float() - ref).abs().max() < 1e-2
+    for got, want in zip(g, (qq.grad, kk.grad, vv.grad)):
+        assert (got.float() - want).abs().max() < 5e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_cuda_graph_capture_forward_and_backward(rng, causal):
+    """The op's forward and backward, captured in a CUDA graph and replayed on new inputs, match eager."""
+    q, k, v, do = (torch.randn(2, 4, 256, 64, device=DEV, dtype=fp16) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+
+    def step():
+        o = flash_attention(qg, kg, vg, causal)
+        return (o, *torch.autograd.grad(o, (qg, kg, vg), do))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for t, src in zip((qg, kg, vg), (torch.randn_like(q) for _ in range(3))):
+        with torch.no_grad():
+            t.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = step()
+    for a, b in zip(outs, want):
+        assert (a.float() - b.float()).abs().max() < 1e-3
