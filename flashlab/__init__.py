@@ -11,6 +11,7 @@ from . import reference  # noqa: F401
 
 if device.TRITON:
     from .attention import flash_attention  # noqa: F401
+    from .variants import flash_attention_varlen  # noqa: F401  (registers torch.ops.flashlab.variant_*)
     from . import op  # noqa: F401  (registers torch.ops.flashlab.attention_forward/backward)
 else:
     def flash_attention(q, k, v, causal: bool = False, scale=None, return_lse: bool = False, *,
@@ -18,7 +19,11 @@ else:
         """FlashAttention-2 in Triton: not available here, because Triton is not installed."""
         device.require_triton("flashlab.flash_attention")
 
+    def flash_attention_varlen(*args, **kwargs):
+        """Attention over packed sequences in Triton: not available here, because Triton is not installed."""
+        device.require_triton("flashlab.flash_attention_varlen")
+
 __version__ = "0.1.0"
-__all__ = ["device", "reference", "flash_attention", "__version__"]
+__all__ = ["device", "reference", "flash_attention", "flash_attention_varlen", "__version__"]
 
 device.register_magics()
