@@ -229,6 +229,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, i
     Inference only: no autograd.  No host synchronisation and no allocation whose size depends on
     tensor *values*, so a call can be captured in a CUDA graph (after one warm-up call compiles it).
     """
+    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window,
+                   num_splits, return_lse)
+
+
+def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
+            return_lse, config=None):
+    """flash_decode's body; ``config`` (a decode_config dict) forces the tile sizes (scripts/bench_decode.py)."""
     B, H, Nq, D, H_kv, capacity, page = _check(q, k_cache, v_cache, cache_seqlens, block_table,
                                                scale, softcap, window, num_splits)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -246,7 +253,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, i
     max_rows = 128 if block_d <= 128 else 64
     block_m = min(max(16, _next_pow2(rows)), max_rows)
     n_row_blocks = -(-rows // block_m)
-    cfg = decode_config(D, q.dtype, block_m)
+    cfg = dict(config or decode_config(D, q.dtype, block_m))
     block_n = cfg.pop("BLOCK_N")
 
     span = capacity if left < 0 else min(capacity, left + Nq + block_n)   # keys one sequence can need
