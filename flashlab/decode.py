@@ -18,8 +18,10 @@ unbounded) are relative to it.  GQA/MQA follow the cache's head count (H % H_kv 
 
 What is checked where (nothing here synchronises with the GPU, so a call can be captured in a
 CUDA graph):
-  * on the host, always: types, dtypes, ranks, shapes, devices, head counts, block_table's dtype
-    and shape, scale / softcap / window / num_splits values;
+  * on the host: types, dtypes, ranks, shapes, devices, head counts, block_table's dtype and
+    shape, scale / softcap / window / num_splits values (once per combination of shapes, dtypes and
+    options, whose launch plan is then looked up: a decode step is short enough that the host's
+    work shows), and requires_grad on every call;
   * on the host, only when the tensors are on the CPU (reading them costs no sync there): that
     0 <= cache_seqlens <= capacity and that the block-table entries a sequence uses lie in
     [0, num_blocks);
@@ -241,8 +243,11 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, i
     Returns:
         o (B, H, Nq, D) in q's dtype, or (o, lse).  A row that sees no key gets o = 0 and lse = -inf.
 
-    Inference only: no autograd.  No host synchronisation and no allocation whose size depends on
-    tensor *values*, so a call can be captured in a CUDA graph (after one warm-up call compiles it).
+    Inference only: no autograd; an input that requires grad while grad mode is on is refused
+    (RuntimeError), so run it under torch.no_grad() or torch.inference_mode().  No host
+    synchronisation and no allocation whose size depends on tensor *values*, so a call can be
+    captured in a CUDA graph (after one warm-up call compiles it).  With is_causal and a window,
+    the window's right bound becomes min(right, 0).
     """
     return _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window,
                    num_splits, return_lse)
