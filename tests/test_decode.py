@@ -200,6 +200,9 @@ def test_num_splits_heuristic():
     assert 8 * s >= 0.8 * 132 and 2048 // s >= 4
     assert choose_num_splits(programs=8, n_tiles=3, sms=132) == 1      # too short to split
     assert choose_num_splits(programs=64, n_tiles=128, sms=132) * 64 <= 2 * 132 * 2
+    # the H200 benchmark shape (B 8 x H_kv 8 programs, 128k keys in 64-key tiles): the splits measured best
+    assert choose_num_splits(programs=64, n_tiles=2048, sms=132, occupancy=2) == 4     # contiguous
+    assert choose_num_splits(programs=64, n_tiles=2048, sms=132, occupancy=4) == 8     # paged
 
 
 def test_rows_that_see_no_key(rng):
