@@ -202,10 +202,18 @@ def test_figures_and_table_headless():
     assert type(w).__name__ == "VBox"
 
 
-def test_trace_hint_names_the_program():
+def test_trace_call_traces_a_launcher_and_the_hint_runs():
+    """An exercise's f(x, y) launches a kernel: trace_call traces it; the grader's hint is runnable code."""
     hint = viz.trace_hint("softmax_kernel", (3,))
-    assert "viz.trace(softmax_kernel" in hint and "t.figure((3,))" in hint
-    assert "flash_fwd" in viz.trace_hint("flash_fwd_kernel", 2)
+    assert "t.figure((3,))" in hint and "trace_call(YOUR_FUNCTION" in hint
+    code = "\n".join(line[4:] for line in hint.splitlines()[1:]).replace("display(", "(")
+    ns = {"YOUR_FUNCTION": primer.softmax, "torch": torch}
+    exec(code, ns)
+    t = ns["t"]
+    assert t.reads(3, "X") == _row(3, range(37)) and t.name == "softmax_kernel"
+    assert "flash_forward" in viz.trace_hint("flash_forward", 2)
+    with pytest.raises(ValueError, match="launched no Triton kernel"):
+        viz.trace_call(lambda: None)
 
 
 def test_compiled_mode_without_a_gpu_traces_and_restores_triton():

@@ -13,4 +13,4 @@ The figures of notebooks 04-07 live beside it, in ``flashlab.viz_triton``, ``fla
 from . import figures
 from .figures import *  # noqa: F401,F403  (the public figures: viz.fig_tiles, viz.hbm_traffic, ...)
 from .figures import _finish_loglog, _png, _register_ipython_display  # noqa: F401  (used by flashlab.demo, tests)
-from .trace import KernelTrace, interact_trace, trace, trace_hint  # noqa: F401
+from .trace import KernelTrace, interact_trace, trace, trace_call, trace_hint  # noqa: F401

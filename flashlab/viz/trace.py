@@ -480,7 +480,7 @@ def trace(kernel, grid, *args, **meta) -> "KernelTrace":
     rec = _Recorder(mem, I.interpreter_builder, len(grid))
     ifn = I.InterpretedFunction(fn)
     with _interpreter_everywhere(), _patched(I.interpreter_builder, rec.wrap()), torch.no_grad():
-        ifn.run(grid=grid, warmup=False, **call)
+        I.GridExecutor(ifn.rewrite(), ifn.arg_names, grid)(**call)
     mem.copy_back()
     t = KernelTrace(fn.__name__, grid, mem, rec, meta)
     if rec.oob_total:
@@ -490,6 +490,37 @@ def trace(kernel, grid, *args, **meta) -> "KernelTrace":
                       f" (shape {tuple(mem.args[first.arg].shape)}). See .out_of_bounds and .figure().",
                       RuntimeWarning, stacklevel=2)
     return t
+
+
+def trace_call(fn, *args, **kwargs):
+    """Call ``fn(*args, **kwargs)`` (a launcher, e.g. an exercise's ``f(x, y)``), tracing every kernel it launches.
+
+    Each ``kernel[grid](...)`` inside ``fn`` runs through :func:`trace` instead of launching.  Returns
+    the :class:`KernelTrace` of the one launch, or a list of them when ``fn`` launched several.
+    """
+    device.require_triton("flashlab.viz.trace_call")
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    traces = []
+
+    def run(self, *a, grid, warmup=False, **kw):
+        if not warmup:
+            traces.append(trace(self, grid, *a, **kw))
+
+    saved = {cls: cls.__dict__.get("run") for cls in (JITFunction, InterpretedFunction)}
+    try:
+        for cls in saved:
+            cls.run = run
+        fn(*args, **kwargs)
+    finally:
+        for cls, r in saved.items():
+            if r is None:
+                del cls.run
+            else:
+                cls.run = r
+    if not traces:
+        raise ValueError(f"trace_call: {getattr(fn, '__name__', fn)} launched no Triton kernel")
+    return traces[0] if len(traces) == 1 else traces
 
 
 def _programs(grid):
@@ -935,29 +966,26 @@ def interact_trace(t: KernelTrace, programs=None, **figure_kw):
 
 
 def trace_hint(exercise: str, program=None) -> str:
-    """The line a failure report offers: how to see what one program of the learner's kernel touched.
+    """The lines a failure report offers: how to see what one program of the learner's kernel touched.
 
-    ``exercise``: the grader's exercise name; ``program``: the program id the report blames (a tuple
-    or int), or None.  Returns text with a ready-to-run ``trace(...)`` call for the exercise's kernel.
+    ``exercise``: the grader's exercise name (``softmax_kernel``, ``matmul_kernel``, ``flash_forward``,
+    ...); ``program``: the program id the report blames (a tuple or int), or None.  Returns text with a
+    ready-to-run :func:`trace_call` of the learner's function on small inputs.
     """
     p = "None" if program is None else repr(_as_program(program))
     calls = {
-        "softmax_kernel": ("x = torch.randn(5, 37); y = torch.empty_like(x)\n"
-                           "t = viz.trace(softmax_kernel, (5,), x, y, 37, *x.stride(), *y.stride(), BLOCK_N=64)"),
+        "softmax_kernel": "x = torch.randn(5, 37); y = torch.empty_like(x)\nt = viz.trace_call(YOUR_FUNCTION, x, y)",
         "matmul_kernel": ("a, b = torch.randn(40, 24), torch.randn(24, 36); c = torch.empty(40, 36)\n"
-                          "t = viz.trace(matmul_kernel, (3, 3), a, b, c, 40, 36, 24, *a.stride(), *b.stride(), "
-                          "*c.stride(), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, DOT_PRECISION='ieee')"),
+                          "t = viz.trace_call(YOUR_FUNCTION, a, b, c)"),
+        "flash_forward": ("q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))\n"
+                          "o, lse = torch.empty_like(q), torch.empty(1, 2, 40)\n"
+                          "t = viz.trace_call(YOUR_FUNCTION, q, k, v, o, lse, True)     # causal"),
+        "flash_backward": None,
     }
-    fwd = ("q, k, v = (torch.randn(1, 1, 40, 16) for _ in range(3)); o = torch.empty_like(q)\n"
-           "lse = torch.empty(1, 1, 40)\n"
-           "t = viz.trace(KERNEL, (3,), q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),\n"
-           "              *lse.stride(), 1, 40, 40, 0.25 * 1.4427, CAUSAL=True, BLOCK_M=16, BLOCK_N=16,\n"
-           "              HEAD_DIM=16, DOT_PRECISION='ieee')")
-    call = calls.get(exercise)
-    if call is None:
-        call = fwd.replace("KERNEL", exercise) if "fwd" in exercise or "forward" in exercise else (
-            f"t = viz.trace({exercise}, grid, *args, **meta)      # the same arguments as your launch")
-    return (f"To see what program {p} of your kernel read and wrote (small sizes, in the interpreter):\n"
+    call = calls.get(exercise) or "t = viz.trace_call(YOUR_FUNCTION, *small_inputs)   # the arguments the grader passes"
+    show = f"display(t.figure({p}))" if program is not None else "display(t.figure())"
+    return (f"To see what {'program ' + p if program is not None else 'each program'} of your kernel read and wrote "
+            f"(small sizes, in the interpreter; YOUR_FUNCTION is the function you graded as {exercise!r}):\n"
             f"    from flashlab import viz\n"
             + "".join(f"    {line}\n" for line in call.splitlines())
-            + f"    display(t.figure({p})); print(t.table())       # t.out_of_bounds: every lane past a tensor")
+            + f"    {show}; print(t.table()); t.out_of_bounds     # every lane that ran past a tensor")
