@@ -788,34 +788,39 @@ class KernelTrace:
               for a in names}                                              # panel widths in cells
         ph = {a: ext[a][1] - ext[a][0] + 1 if planes[(progs[0], a)][0][1] is not None else thick for a in names}
         gap, pad_l = 0.55, 0.45                                            # inches between panels (tick labels)
+        title_w = {a: 0.075 * max(map(len, self._title_parts(progs[0], a, planes[(progs[0], a)][0]))) for a in names}
         n = len(progs)
         best = None
+        def slots(c):
+            return {a: max(pw[a] * c, title_w[a]) for a in names}
+
         for ncol in range(1, n + 1):
             nrow = math.ceil(n / ncol)
             c = cell or min(0.22, 3.2 / (max(ph.values()) * max(1, nrow) ** 0.5),
                             12.5 / (sum(pw.values()) * ncol + 1e-9))
-            w = ncol * (sum(pw.values()) * c + gap * len(names)) + pad_l
-            h = nrow * (max(ph.values()) * c + 0.75)
+            w = ncol * (sum(slots(c).values()) + gap * len(names)) + pad_l
+            h = nrow * (max(ph.values()) * c + (1.0 if n > 1 else 0.75))
             score = abs(math.log((w + 0.01) / (h + 1.1) / 1.7)) + (0 if w <= 16 and h <= 11 else 5)
             if best is None or score < best[0]:
                 best = (score, ncol, nrow, c, w, h)
         _, ncol, nrow, c, w, h = best
         c = max(c, 0.012)
-        top, bottom = 0.45, 0.55
+        top, bottom = (0.6 if n > 1 else 0.45), 0.55
         W, H = max(w, 4.5), h + top + bottom
         fig = Figure(figsize=(W, H))
-        block_h = max(ph.values()) * c + 0.75
+        block_h = max(ph.values()) * c + (1.0 if n > 1 else 0.75)
+        sl = slots(c)
         for k, p in enumerate(progs):
             bi, bj = divmod(k, ncol)
-            x = pad_l + bj * (sum(pw.values()) * c + gap * len(names))
+            x0 = x = pad_l + bj * (sum(sl.values()) + gap * len(names))
             y_top = H - top - bi * block_h - 0.5                           # below the panels' titles
             for a in names:
                 wa, ha = pw[a] * c, ph[a] * c
-                ax = fig.add_axes([x / W, (y_top - ha) / H, wa / W, ha / H])
+                ax = fig.add_axes([(x + (sl[a] - wa) / 2) / W, (y_top - ha) / H, wa / W, ha / H])
                 self._draw(ax, p, a, planes[(p, a)], ext[a], a in streamed, extra[a])
-                x += wa + gap
+                x += sl[a] + gap
             if n > 1:
-                fig.text((pad_l + bj * (sum(pw.values()) * c + gap * len(names)) - 0.4) / W, (y_top + 0.36) / H,
+                fig.text((x0 - 0.4) / W, (y_top + 0.55) / H,
                          f"program {p if len(p) > 1 else p[0]}", fontsize=8.5, fontweight="bold", ha="left", va="bottom")
         title = f"{self.name}, grid {self.grid}"
         if n == 1:
@@ -863,27 +868,27 @@ class KernelTrace:
                 color = "0.15" if c else "0.6"
                 if ax_t == rdim:
                     if t:
-                        ax.plot([0, nc], [lo, lo], color="0.3", lw=0.6, ls=":")
+                        ax.plot([0, nc], [lo, lo], color="white", lw=1.0)
                     ax.text(c1 + 0.6, mid, f"{c}×", fontsize=7, va="center", ha="left", color=color)
                 else:
                     if t:
-                        ax.plot([lo, lo], [0, nr], color="0.3", lw=0.6, ls=":")
+                        ax.plot([lo, lo], [0, nr], color="white", lw=1.0)
                     ax.text(mid, r0 - 0.7, f"{c}×", fontsize=7, ha="center", va="bottom", color=color)
-        ax.set_xlim(*((c0 - 0.5, c1 + 0.5 + extra) if cdim is not None else (0, 1 + extra / 3)))
-        ax.set_ylim(*((r1 + 0.5, r0 - 0.5) if rdim is not None else (1, 0)))
-        shape = self._arg[arg].shape
-        where = ""
-        if fixed:
-            where = "[" + ", ".join(str(fixed[d]) if d in fixed else ":" for d in range(len(shape))) + "]"
-        dims = "×".join(map(str, shape)) or "scalar"
-        width_in = ax.get_position().width * ax.figure.get_figwidth()
+        ax.set_xlim(*((c0 - 0.5, c1 + 0.5 + extra) if cdim is not None else (-0.06, 1.06 + extra / 3)))
+        ax.set_ylim(*((r1 + 0.5, r0 - 0.5) if rdim is not None else (1.06, -0.06)))
+        name, dims = self._title_parts(program, arg, plane[0])
         col_tiles = streamed and ax_t == cdim and ax_t != rdim
-        ax.set_title(f"{arg}{where}" + ("\n" if width_in < 0.09 * (len(arg + where + dims) + 3) else "   ")
-                     + f"({dims})", fontsize=8, pad=13 if col_tiles else 4)
+        ax.set_title(f"{name}\n({dims})", fontsize=8, pad=17 if col_tiles else 4)
         _ticks(ax, (r0, r1) if rdim is not None else None, (c0, c1) if cdim is not None else None)
         ax.tick_params(labelsize=6, length=2)
         for sp in ax.spines.values():
             sp.set_visible(False)
+
+    def _title_parts(self, program, arg, plane):
+        fixed = plane[0]
+        shape = self._arg[arg].shape
+        where = "[" + ", ".join(str(fixed[d]) if d in fixed else ":" for d in range(len(shape))) + "]" if fixed else ""
+        return f"{arg}{where}", "×".join(map(str, shape)) or "scalar"
 
     def interact(self, programs=None):
         """A slider over programs (ipywidgets), redrawing :meth:`figure`; the static figure where it is missing."""
