@@ -362,6 +362,31 @@ def _patched(obj, attrs):
 
 @contextlib.contextmanager
 def _interpreter_everywhere():
+    """What the traced launch needs of the interpreter, in both modes, undone afterwards."""
+    import triton.language as tl
+    from triton.runtime import interpreter as I
+    patch_lang = I._patch_lang
+
+    def patch_lang_index(fn):
+        # Triton 3.6's interpreter converts a loop bound with int(one-element array), which NumPy 2.4
+        # refuses; 3.9 squeezes it first.  Same value, both versions; restored with the scope.
+        scope = patch_lang(fn)
+        scope.set_attr(tl.core.tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+        return scope
+
+    I._patch_lang = patch_lang_index
+    try:
+        if device.INTERPRET:
+            yield
+        else:
+            with _compiled_helpers(I):
+                yield
+    finally:
+        I._patch_lang = patch_lang
+
+
+@contextlib.contextmanager
+def _compiled_helpers(I):
     """Compiled mode (a GPU machine): let the interpreter run @triton.jit helpers and Triton's own.
 
     ``tl.max``, ``tl.cdiv`` and a kernel's helpers are JITFunctions there, which refuse to be called
@@ -369,11 +394,7 @@ def _interpreter_everywhere():
     the language patched for the call and restored after it, and ``knobs.runtime.interpret`` reads True.
     """
     import triton
-    from triton.runtime import interpreter as I
     from triton.runtime.jit import JITFunction
-    if device.INTERPRET:
-        yield
-        return
     cache = {}
 
     def call(self, *args, **kwargs):
