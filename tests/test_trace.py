@@ -120,7 +120,7 @@ def test_out_of_bounds_is_recorded_and_memory_is_safe():
     bad = {(o.program, o.arg, o.index, o.op) for o in t.out_of_bounds}
     want = {((2,), "X", (i,), "load") for i in range(n, 24)} | {((2,), "Y", (i,), "store") for i in range(n, 24)}
     assert bad == want
-    assert all(o.lands_at is None for o in t.out_of_bounds)    # outside the allocation: skipped
+    assert not any(o.ran for o in t.out_of_bounds)             # outside the allocation: skipped
     assert t.reads(2, "X") == {(i,) for i in range(16, n)}
     p, arg, index = t.out_of_bounds[0]                # unpacks as (program, arg, index)
     assert (p, arg, index) == ((2,), "X", (20,))
@@ -144,12 +144,27 @@ def test_past_the_row_end_inside_the_allocation():
     with pytest.warns(RuntimeWarning):
         t = viz.trace(rows_without_column_mask, (M,), x, y, N, N, BLOCK=block)
     torch.testing.assert_close(y, x)
-    oob = {(o.program, o.index): o.lands_at for o in t.out_of_bounds}
-    assert oob[((0,), (0, 6))] == (1, 0) and oob[((1,), (1, 7))] == (2, 1)   # ran, and hit the next row
-    assert oob[((2,), (2, 6))] is None                                        # past the tensor: skipped
+    oob = {(o.program, o.index): (o.ran, o.lands_at) for o in t.out_of_bounds}
+    assert oob[((0,), (0, 6))] == (True, (1, 0)) and oob[((1,), (1, 7))] == (True, (2, 1))   # made: the next row
+    assert oob[((2,), (2, 6))] == (False, None)                               # past the tensor: skipped
     assert set(oob) == {((r,), (r, j)) for r in range(M) for j in range(N, block)}
     assert t.reads(0, "X") == _row(0, range(N)) | _row(1, range(2))           # what memory was really read
     assert t.masked(0, "Y") == _row(0, range(N, block))
+
+
+def test_a_view_with_gaps():
+    """x = big[:, :N]: lanes past a row's end land in the gap between rows (big's memory, not x's):
+    the access is made, as on a GPU, and reported; the gap's bytes come back unchanged."""
+    M, N, W = 3, 6, 10
+    big = torch.arange(float(M * W)).reshape(M, W)
+    x, y = big[:, :N], torch.zeros(M, W)[:, :N]         # the kernel takes one row stride for both
+    with pytest.warns(RuntimeWarning):
+        t = viz.trace(rows_without_column_mask, (M,), x, y, N, W, BLOCK=8)
+    torch.testing.assert_close(y, x)
+    assert torch.equal(big, torch.arange(float(M * W)).reshape(M, W))
+    oob = {(o.program, o.index): (o.ran, o.lands_at) for o in t.out_of_bounds if o.arg == "X"}
+    assert oob[((0,), (0, 6))] == (True, None) and oob[((2,), (2, 6))] == (False, None)
+    assert t.reads(0, "X") == _row(0, range(N))
 
 
 def _forward(B, H, N, D, causal, block):

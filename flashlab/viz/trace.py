@@ -57,22 +57,25 @@ class OutOfBounds(tuple):
 
     ``index``: the index tuple the lane meant (it lies outside the tensor's shape), or an int offset
     in elements from the tensor's first element where the strides cannot say.  Also ``op`` ("load",
-    "store", "atomic") and ``lands_at``: the element the address really hit when it is still inside
-    the allocation (the access ran, as on a GPU), None when it was outside (the access was skipped).
+    "store", "atomic"); ``ran``: whether the access was made (its address was still inside the
+    argument's allocation, as when a missing column mask reads the next row: a GPU would make it too)
+    or skipped (outside: a GPU would read garbage or fault, and a store would corrupt memory);
+    ``lands_at``: the element a made access really hit, None if it hit none.
     """
-    def __new__(cls, program, arg, index, op="load", lands_at=None):
-        self = super().__new__(cls, (program, arg, index))
-        return self
 
-    def __init__(self, program, arg, index, op="load", lands_at=None):
-        self.op, self.lands_at = op, lands_at
+    def __new__(cls, program, arg, index, op="load", ran=False, lands_at=None):
+        return super().__new__(cls, (program, arg, index))
+
+    def __init__(self, program, arg, index, op="load", ran=False, lands_at=None):
+        self.op, self.ran, self.lands_at = op, ran, lands_at
 
     program = property(lambda self: self[0])
     arg = property(lambda self: self[1])
     index = property(lambda self: self[2])
 
     def __repr__(self):
-        where = "skipped: outside the allocation" if self.lands_at is None else f"ran: hit element {self.lands_at}"
+        where = ("skipped: outside the allocation" if not self.ran else
+                 f"made: hit element {self.lands_at}" if self.lands_at is not None else "made: hit no element")
         return f"OutOfBounds(program={self[0]}, arg={self[1]!r}, index={self[2]}, {self.op}, {where})"
 
 
@@ -162,8 +165,7 @@ class _Memory:
     def __init__(self, named):
         import torch
         self.args: dict[str, _Arg] = {}
-        self.originals = {}
-        self.buffers = []
+        self.spans = []             # (the original's bytes, lo, hi, the CPU buffer, guard) per storage
         groups = collections.OrderedDict()
         for name, t in named.items():
             key = (t.device, t.untyped_storage().data_ptr()) if t.untyped_storage().nbytes() else (name,)
@@ -179,14 +181,15 @@ class _Memory:
             guard = max(hi - lo, 4096)
             guard = -(-guard // 128) * 128
             buf = torch.zeros(guard + (hi - lo) + guard, dtype=torch.uint8)
-            self.buffers.append(buf)
+            # the bytes of the span, gaps and aliases included, so views of one storage stay one memory
+            src = torch.empty(0, dtype=torch.uint8, device=members[0][1].device).set_(members[0][1].untyped_storage())
+            buf[guard:guard + hi - lo].copy_(src[lo:hi])
+            self.spans.append((src, lo, hi, buf, guard))
             start = buf.data_ptr()
             for (name, t), (tlo, _) in zip(members, spans):
                 isz = t.element_size()
                 view = torch.empty(0, dtype=t.dtype).set_(buf.untyped_storage(), (guard + tlo - lo) // isz,
                                                            tuple(t.shape), tuple(t.stride()))
-                view.copy_(t.detach())
-                self.originals[name] = t
                 self.args[name] = _Arg(name, view, tuple(t.shape), tuple(t.stride()), isz, view.data_ptr(),
                                        (start + guard, start + guard + hi - lo),
                                        (start, start + buf.numel()), _index_map(tuple(t.shape), tuple(t.stride())),
@@ -194,10 +197,12 @@ class _Memory:
         self._order = sorted(self.args.values(), key=lambda a: a.region[0])
 
     def copy_back(self):
-        import torch
-        with torch.no_grad():
-            for name, t in self.originals.items():
-                t.copy_(self.args[name].view)
+        """Write the spans back (what the kernel stored, as a launch would), then let the copies go."""
+        for src, lo, hi, buf, guard in self.spans:
+            src[lo:hi].copy_(buf[guard:guard + hi - lo])
+        self.spans = []
+        for a in self.args.values():
+            a.view = None
 
     def owner(self, addr, active):
         """The argument a block of lanes belongs to: most active lanes inside its view, else nearest region."""
@@ -306,7 +311,7 @@ class _Recorder:
             if len(self.oob) < MAX_OOB:
                 index = tuple(int(i) for i in intended[lane]) if intended is not None else int(elem[lane])
                 lands = tuple(int(i) for i in idx[lane]) if (run[lane] and in_view[lane]) else None
-                self.oob.append(OutOfBounds(prog, arg.name, index, op, lands))
+                self.oob.append(OutOfBounds(prog, arg.name, index, op, bool(run[lane]), lands))
         touched = run & in_view
         masked = intended[~m] if intended is not None else arg.extended(elem[~m]) if arg.dense else np.zeros((0, nd), np.int64)
         self.events.append(_Event(prog, arg.name, op, int(np.prod(shape)), flat[touched].astype(np.int64),
@@ -468,8 +473,8 @@ def trace(kernel, grid, *args, **meta) -> "KernelTrace":
     from triton.runtime import interpreter as I
     fn, meta, heuristics = _unwrap(kernel, meta)
     sig = inspect.signature(fn)
-    launch = {k: meta.pop(k) for k in list(meta) if k in ("num_warps", "num_stages", "num_ctas", "maxnreg")}
-    del launch
+    for k in ("num_warps", "num_stages", "num_ctas", "maxnreg"):      # launch options: nothing to record
+        meta.pop(k, None)
     try:
         bound = sig.bind(*args, **meta)
     except TypeError as e:
