@@ -21,6 +21,7 @@ What the host side does (the kernels are forward v4 and backward v5, one constex
     draws one from torch's default generator (``torch.manual_seed`` governs it, as in SDPA);
     the backward regenerates the mask; kept values are scaled by 1 / (1 - p);
   * a query row that sees no key gives O = 0, LSE = -inf and zero gradients, never NaN;
+  * under ``torch.autocast``, as SDPA: query, key, value are cast to the autocast dtype, and so is O;
   * autograd: an ``autograd.Function`` in eager mode; while compiling, the custom operators
     ``torch.ops.flashlab.variant_forward`` / ``variant_backward`` (opaque nodes, so
     ``torch.compile(fullgraph=True)`` works; the seed is drawn inside the operator).
@@ -414,7 +415,39 @@ def _op_backward(ctx, do, _dlse, _dseed):
 variant_forward.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+def _autocast_rule(device_type: str):
+    """As SDPA (and flashlab's plain op) under torch.autocast: q, k, v in the autocast dtype, O returned in it."""
+    key = getattr(torch._C.DispatchKey, "Autocast" + ("CPU" if device_type == "cpu" else "CUDA"))
+
+    def rule(_keyset, q, k, v, *rest):
+        dt = torch.get_autocast_dtype(device_type)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            q, k, v = (t.to(dt) if t.dtype in _DTYPES else t for t in (q, k, v))
+            return variant_forward(q, k, v, *rest)
+    return rule
+
+
+_lib = torch.library.Library("flashlab", "FRAGMENT")
+for _dev in ("cpu", "cuda"):
+    _lib.impl("variant_forward", _autocast_rule(_dev), "Autocast" + ("CPU" if _dev == "cpu" else "CUDA"),
+              with_keyset=True)
+
+
+def _autocast(q, k, v):
+    """Eager mode's autocast: the inputs in the autocast dtype of their device type, if autocast is on there."""
+    if not torch.is_autocast_enabled(q.device.type):
+        return q, k, v
+    dt = torch.get_autocast_dtype(q.device.type)
+    if q.dtype == k.dtype == v.dtype == dt:
+        return q, k, v
+    q, k, v = (t.to(dt) for t in (q, k, v))
+    _check_qkv(q, k, v, q.dim(), "")           # bf16 where the GPU has none says so
+    return q, k, v
+
+
 def _run(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p, seed, scale, allow_tf32):
+    if not torch.compiler.is_compiling():      # compiled: the operator's autocast rule above
+        q, k, v = _autocast(q, k, v)
     args = (q, k, v, mask, slopes, cu_q, cu_k, int(max_q), int(max_k), left, right, float(softcap or 0.0),
             float(dropout_p), -1 if seed is None else int(seed), float(scale), bool(allow_tf32))
     if torch.compiler.is_compiling():

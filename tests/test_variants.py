@@ -483,3 +483,21 @@ def test_notebook_08_exercises_pass_their_solutions_and_name_their_mistakes():
     stored = lambda q, k, v, o, lse, do, p, keep, bq, bk: _dropout_backward(q, k, v, o, lse, do, p, keep, 10**6, 10**6)
     r = str(grade("dropout_backward", stored))
     assert "tile by tile" in r, r                       # the whole mask at once is refused, though the values are right
+
+
+def test_autocast_as_sdpa(rng):
+    """Under torch.autocast the variants run in the autocast dtype and return it, eager and compiled."""
+    dev = DEV.type
+    dt = torch.bfloat16 if (dev == "cpu" or device.bf16_supported()) else torch.float16
+    q, k, v = _rand(1, 4, 33, 16), _rand(1, 2, 40, 16), _rand(1, 2, 40, 16)
+    kw = dict(enable_gqa=True, window=(9, 2), softcap=6.0)
+    want = fa(q.to(dt), k.to(dt), v.to(dt), **kw)
+    f = torch.compile(lambda q, k, v: fa(q, k, v, **kw), fullgraph=True, backend="aot_eager")
+    for fn in (lambda q, k, v: fa(q, k, v, **kw), f):
+        qq = q.clone().requires_grad_()
+        with torch.autocast(dev, dtype=dt):
+            o = fn(qq, k, v)
+        assert o.dtype == dt
+        torch.testing.assert_close(o, want, atol=0, rtol=0)
+        o.float().sum().backward()
+        assert qq.grad.dtype == torch.float32 and torch.isfinite(qq.grad).all()
