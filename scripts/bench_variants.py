@@ -160,6 +160,15 @@ def bench_window(rows, quick):
     flex, cbm = _flex()
     bm = cbm(lambda b, h, qi, ki: (ki <= qi) & (qi - ki < W), None, None, N, N, device="cuda")
     _guarded(rows, "window", "flex", pairs, B, H, lambda q, k, v: flex(q, k, v, block_mask=bm), (q, k, v), ref)
+    try:   # one packed sequence: (N, H, D)
+        from torch.nn.attention.varlen import varlen_attn
+        cu = torch.tensor([0, N], dtype=torch.int32, device="cuda")
+        t = lambda x: x[0].transpose(0, 1)
+        _guarded(rows, "window", "torch varlen_attn", pairs, B, H,
+                 lambda q, k, v: varlen_attn(t(q), t(k), t(v), cu, cu, N, N, window_size=(W - 1, 0))
+                 .transpose(0, 1)[None], (q, k, v), ref)
+    except ImportError:
+        pass
 
 
 def bench_docs(rows, quick):
@@ -182,7 +191,7 @@ def bench_docs(rows, quick):
     try:
         from torch.nn.attention.varlen import varlen_attn
         _guarded(rows, "docs", "torch varlen_attn", pairs, 1, H,
-                 lambda q, k, v: varlen_attn(q, k, v, cu, cu, L, L, is_causal=True), (q, k, v), ref)
+                 lambda q, k, v: varlen_attn(q, k, v, cu, cu, L, L, window_size=(-1, 0)), (q, k, v), ref)
     except ImportError:
         pass
 
