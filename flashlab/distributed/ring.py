@@ -58,7 +58,8 @@ def merge_attention(o, lse, o_part, lse_part):
     safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)
     w = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - safe))
     w_part = torch.where(torch.isneginf(lse_part), torch.zeros_like(lse_part), torch.exp(lse_part - safe))
-    return w[..., None] * o + w_part[..., None] * o_part.float(), new
+    part = torch.where(torch.isneginf(lse_part)[..., None], 0.0, w_part[..., None] * o_part.float())
+    return w[..., None] * o + part, new
 
 
 # ----------------------------------------------------------------------------

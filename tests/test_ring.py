@@ -1,0 +1,249 @@
+"""Ring attention (flashlab.distributed): the layouts and step plans by brute force over global
+positions, the torch merge against the NumPy one, and the ring itself on 2 and 4 gloo processes
+(the Triton interpreter on the CPU), forward and backward, against float64 attention on the whole
+sequence by the accuracy rule and against the single-process op."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flashlab import reference as R
+from flashlab.distributed import (chunk_ids, gather, merge_attention, positions, shard, step_plan,
+                                  step_source, step_work)
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+# ----------------------------------------------------------------------------
+# layouts and plans (pure Python)
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shard_gather_round_trip(layout, world):
+    n = 2 * world * 5
+    x = torch.randn(2, 3, n, 4)
+    parts = [shard(x, r, world, layout) for r in range(world)]
+    assert all(p.shape == (2, 3, n // world, 4) for p in parts)
+    for r, p in enumerate(parts):
+        assert torch.equal(p, x[:, :, positions(r, world, n, layout)])
+    assert torch.equal(gather(parts, layout), x)
+    assert sorted(i for r in range(world) for i in positions(r, world, n, layout)) == list(range(n))
+    y = torch.randn(n, 7)                            # another dim
+    assert torch.equal(gather([shard(y, r, world, layout, dim=0) for r in range(world)], layout, dim=0), y)
+
+
+def test_zigzag_chunks_are_r_and_mirror():
+    assert [chunk_ids(r, 4, "zigzag") for r in range(4)] == [(0, 7), (1, 6), (2, 5), (3, 4)]
+    assert positions(1, 2, 8, "zigzag") == [2, 3, 4, 5] and positions(0, 2, 8, "zigzag") == [0, 1, 6, 7]
+    assert positions(1, 2, 8, "contiguous") == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("causal", [False, True])
+def test_step_plan_covers_exactly_the_visible_pairs(layout, world, causal):
+    """Over all steps, the tiles of a rank cover each (query, key) pair that the mask allows exactly
+    once and no other; a tile without the mask is fully visible; a masked tile is a chunk against
+    itself (equal lengths, the same positions), where top-left causal is the global mask."""
+    n = 4 * world
+    nl = n // world
+    for rank in range(world):
+        pq = np.array(positions(rank, world, n, layout))
+        count = np.zeros((nl, n), int)
+        for step in range(world):
+            pk = np.array(positions(step_source(rank, world, step), world, n, layout))
+            for t in step_plan(rank, world, step, nl, layout, causal):
+                qs, ks = pq[t.q], pk[t.kv]
+                vis = ks[None, :] <= qs[:, None] if causal else np.ones((len(qs), len(ks)), bool)
+                if t.causal:
+                    assert np.array_equal(qs, ks), "a masked tile must be a chunk against itself"
+                    assert np.array_equal(vis, np.tril(np.ones_like(vis)))
+                else:
+                    assert vis.all(), f"rank {rank} step {step}: an unmasked tile holds masked pairs"
+                cols = np.searchsorted(np.arange(n), ks)
+                for i, row in enumerate(range(t.q.start, t.q.stop)):
+                    count[row, cols[vis[i]]] += 1
+        want = (np.arange(n)[None, :] <= pq[:, None]) if causal else np.ones((nl, n), bool)
+        assert np.array_equal(count, want.astype(int)), f"rank {rank}: pairs missed or computed twice"
+
+
+def test_zigzag_balances_causal_work_and_contiguous_does_not():
+    W = 4
+    for layout in LAYOUTS:
+        per_rank = [sum(step_work(r, W, s, layout) for s in range(W)) for r in range(W)]
+        if layout == "zigzag":
+            assert per_rank == [0.5 + 0.5 * (W - 1)] * W
+            assert all(step_work(r, W, s, layout) == 0.5 for r in range(W) for s in range(1, W))
+        else:
+            assert per_rank == [0.5 + r for r in range(W)]
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: shard(torch.zeros(1, 1, 10, 4), 0, 3, "contiguous"), "divisible by world = 3"),
+    (lambda: shard(torch.zeros(1, 1, 12, 4), 0, 4, "zigzag"), "divisible by 2·world = 8"),
+    (lambda: shard(torch.zeros(1, 1, 8, 4), 0, 2, "stripes"), "layout must be one of"),
+    (lambda: shard(torch.zeros(1, 1, 8, 4), 2, 2, "zigzag"), "rank must be an int in [0, world=2)"),
+    (lambda: gather([torch.zeros(1, 1, 3, 4)] * 2, "zigzag"), "divisible by 2"),
+    (lambda: step_plan(0, 2, 1, 5, "zigzag"), "must be even"),
+])
+def test_layout_errors_say_what_to_fix(call, words):
+    with pytest.raises(ValueError, match=None) as e:
+        call()
+    assert words in str(e.value), str(e.value)
+
+
+# ----------------------------------------------------------------------------
+# the merge
+# ----------------------------------------------------------------------------
+
+def _naive(q, k, v, mask=None):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isneginf(lse), 0.0, lse)[..., None])
+    return p @ v, lse
+
+
+def test_merge_matches_numpy_merge_and_whole_attention():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 9, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    q[0, 0] *= 60                                   # large logits: e^S overflows without the max
+    mask = torch.ones(9, 9, dtype=torch.bool)
+    mask[:3, :5] = False                            # rows 0-2 see nothing in the first part
+    o1, l1 = _naive(q, k[:, :, :5], v[:, :, :5], mask[:, :5])
+    o2, l2 = _naive(q, k[:, :, 5:], v[:, :, 5:], mask[:, 5:])
+    o, lse = merge_attention(o1.float(), l1.float(), o2, l2.float())
+    ow, lw = _naive(q, k, v, mask)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(o.double(), ow, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), lw, atol=1e-4, rtol=1e-6)
+    # the NumPy merge of notebook 02 on the unnormalised states gives the same
+    st = [(lp.numpy(), np.ones(lp.shape), op.numpy()) for op, lp in ((o1, l1), (o2, l2))]
+    m, ll, acc = R.merge_states(*st[0], *st[1])
+    np.testing.assert_allclose(acc / ll[..., None], ow.numpy(), atol=1e-10)
+    # a part that saw nothing (lse = -inf everywhere) leaves the state alone
+    o3, l3 = merge_attention(o.clone(), lse.clone(), torch.full_like(o, float("nan")) * 0,
+                             torch.full_like(lse, -math.inf))
+    assert torch.equal(l3, lse) and torch.allclose(o3, o, equal_nan=False)
+
+
+# ----------------------------------------------------------------------------
+# the ring on gloo processes
+# ----------------------------------------------------------------------------
+
+def _ring_cases(rank, world, cases):
+    """Run each case on this rank; return a list of failure messages (empty: all good)."""
+    import flashlab
+    from flashlab.accuracy import judge, reference_outputs
+    from flashlab.distributed import all_gather_sequence, ring_attention
+    bad = []
+    for c in cases:
+        B, H, Hkv, N, D, layout, causal, dtype, big = (c[k] for k in ("B", "H", "Hkv", "N", "D", "layout",
+                                                                        "causal", "dtype", "large"))
+        g = torch.Generator().manual_seed(c["seed"])               # the same data on every rank
+        Q, K, V, dO = (torch.randn(B, h, N, D, generator=g) for h in (H, Hkv, Hkv, H))
+        if big:
+            Q = Q * 20.0
+        Q, K, V, dO = (t.to(dtype) for t in (Q, K, V, dO))
+        q, k, v, do = (shard(t, rank, world, layout) for t in (Q, K, V, dO))
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        o, lse = ring_attention(q, k, v, is_causal=causal, layout=layout, return_lse=True)
+        o.backward(do)
+        got = [all_gather_sequence(t, layout) for t in (o.detach(), lse[..., None], q.grad, k.grad, v.grad)]
+        got[1] = got[1][..., 0]
+        grp = H // Hkv
+        Ke, Ve = (t.repeat_interleave(grp, 1) for t in (K, V))
+        ref = list(reference_outputs(Q, Ke, Ve, dO, causal))
+        same = list(reference_outputs(Q, Ke, Ve, dO, causal, dtype=torch.float32 if dtype != torch.float16
+                                      else torch.float16))
+        for lst in (ref, same):
+            lst[3], lst[4] = (t.view(B, Hkv, grp, N, D).sum(2) for t in lst[3:5])
+        lse_max = ref[1].abs().max().item()
+        for i, name in enumerate(("o", "lse", "dq", "dk", "dv")):
+            chk = judge(name, got[i], same[i], ref[i], dtype, lse_max=lse_max if i >= 2 else 0.0)
+            if not chk.ok:
+                bad.append(f"{c}: {chk}")
+        # the single-process op on the whole sequence (K/V expanded over heads, dK/dV summed back)
+        Qo, Ko, Vo = (t.detach().clone().requires_grad_() for t in (Q, K, V))
+        oo, lo = flashlab.flash_attention(Qo, Ko.repeat_interleave(grp, 1), Vo.repeat_interleave(grp, 1),
+                                          causal, return_lse=True)
+        oo.backward(dO)
+        tol = 2e-3 if dtype == torch.float16 else 2e-5 * (20 if big else 1)
+        for name, a, b in (("o", got[0], oo), ("lse", got[1], lo), ("dq", got[2], Qo.grad),
+                           ("dk", got[3], Ko.grad), ("dv", got[4], Vo.grad)):
+            err = (a.double() - b.double()).abs().max().item()
+            scale = max(1.0, b.double().abs().max().item())
+            if not err <= tol * scale:
+                bad.append(f"{c}: {name} differs from the single-process op by {err:.2e} (allowed {tol * scale:.2e})")
+    return bad
+
+
+def _errors_on_rank(rank, world):
+    """Bad input with the group initialised: the message names the fix."""
+    from flashlab.distributed import ring_attention
+    said = []
+    x = torch.randn(1, 2, 5, 16)
+    for call, words in (
+            (lambda: ring_attention(x, x, x), "must be even"),
+            (lambda: ring_attention(x, x[:, :1, :4], x[:, :1, :4], layout="contiguous"), "same length"),
+            (lambda: ring_attention(torch.randn(1, 3, 4, 16), x[:, :, :4], x[:, :, :4]), "multiple of the key/value heads"),
+            (lambda: ring_attention(x, x, x, layout="diagonal"), "layout must be one of")):
+        try:
+            call()
+            said.append(f"no error for {words!r}")
+        except (ValueError, TypeError) as e:
+            if words not in str(e):
+                said.append(f"{words!r} not in {e}")
+    return said
+
+
+def _case(**kw):
+    c = dict(B=1, H=2, Hkv=2, N=32, D=16, layout="zigzag", causal=True, dtype=torch.float32, large=False, seed=0)
+    c.update(kw)
+    return c
+
+
+def test_ring_two_ranks_both_layouts_causal_and_not_fwd_bwd():
+    from flashlab.distributed.local import run_local
+    cases = [_case(layout=lay, causal=cau, seed=i) for i, (lay, cau) in
+             enumerate([(a, b) for a in LAYOUTS for b in (False, True)])]
+    cases += [_case(H=4, Hkv=2, N=44, D=24, seed=7),                              # GQA, ragged 11-row chunks, D padded
+              _case(B=2, layout="contiguous", N=36, large=True, seed=8),          # |S| in the hundreds
+              _case(dtype=torch.float16, N=40, seed=9)]
+    outs = run_local(lambda r, w: _ring_cases(r, w, cases) + _errors_on_rank(r, w), 2, timeout=240)
+    bad = [m for o in outs for m in o]
+    assert not bad, "\n".join(bad)
+
+
+def test_ring_four_ranks():
+    from flashlab.distributed.local import run_local
+    cases = [_case(N=64, seed=11), _case(N=48, layout="contiguous", causal=True, H=2, Hkv=1, seed=12)]
+    outs = run_local(lambda r, w: _ring_cases(r, w, cases), 4, timeout=240)
+    bad = [m for o in outs for m in o]
+    assert not bad, "\n".join(bad)
+
+
+def test_ring_without_a_process_group_says_so():
+    import torch.distributed as dist
+    from flashlab.distributed import ring_attention
+    assert not dist.is_initialized()
+    x = torch.randn(1, 1, 4, 16)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ring_attention(x, x, x)
+
+
+def test_a_hung_rank_is_stopped():
+    from flashlab.distributed.local import run_local
+
+    def hang(rank, world):
+        import torch.distributed as dist
+        import time
+        if rank == 0:
+            dist.recv(torch.zeros(1), src=1)      # rank 1 never sends
+        time.sleep(60)
+        return rank
+    with pytest.raises(TimeoutError, match="did not finish"):
+        run_local(hang, 2, timeout=8)
