@@ -130,6 +130,33 @@ def test_merge_matches_numpy_merge_and_whole_attention():
     assert torch.equal(l3, lse) and torch.allclose(o3, o, equal_nan=False)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_numpy_ring_simulation_is_attention_on_the_whole_sequence(layout, causal):
+    rng = np.random.default_rng()
+    q, k, v = (rng.standard_normal((30, 8)) for _ in range(3))
+    q[3] *= 300.0                                     # one row with scores in the thousands
+    ro, rl = R.attention_naive(q, k, v, causal)
+    for world in (1, 3, 5):
+        o, lse = R.ring_attention_sim(q, k, v, world, layout, causal)
+        np.testing.assert_allclose(o, ro, atol=1e-12, rtol=1e-10)
+        np.testing.assert_allclose(lse, rl, atol=1e-9, rtol=1e-12)
+
+
+def test_numpy_merge_partials_equals_one_softmax():
+    rng = np.random.default_rng()
+    q, k, v = rng.standard_normal((5, 4)) * 40, rng.standard_normal((12, 4)), rng.standard_normal((12, 4))
+    parts = [R.attention_naive(q, k[a:b], v[a:b]) for a, b in ((0, 3), (3, 10), (10, 12))]
+    o, lse = R.merge_partials(np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts]))
+    ro, rl = R.attention_naive(q, k, v)
+    np.testing.assert_allclose(o, ro, atol=1e-12)
+    np.testing.assert_allclose(lse, rl, atol=1e-10)
+    empty = (np.full_like(o, np.nan), np.full_like(lse, -np.inf))   # a split with no keys
+    o2, l2 = R.merge_partials(np.stack([o, empty[0]]), np.stack([lse, empty[1]]))
+    np.testing.assert_allclose(o2, o, atol=0)
+    np.testing.assert_allclose(l2, lse, atol=0)
+
+
 # ----------------------------------------------------------------------------
 # the ring on gloo processes
 # ----------------------------------------------------------------------------
