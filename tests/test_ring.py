@@ -274,3 +274,90 @@ def test_a_hung_rank_is_stopped():
         return rank
     with pytest.raises(TimeoutError, match="did not finish"):
         run_local(hang, 2, timeout=8)
+
+
+# ----------------------------------------------------------------------------
+# notebook 09's graded exercises (flashlab/grader/exercises/beyond.py)
+# ----------------------------------------------------------------------------
+
+def _beyond():
+    """The exercise module; loaded from its file while flashlab.grader.exercises is still one module."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+    try:
+        return importlib.import_module("flashlab.grader.exercises.beyond")
+    except ImportError:
+        path = Path(__file__).resolve().parents[1] / "flashlab" / "grader" / "exercises" / "beyond.py"
+        spec = importlib.util.spec_from_file_location("flashlab.grader.exercises_beyond", path)
+        mod = importlib.util.module_from_spec(spec)
+        mod.__package__ = "flashlab.grader.exercises"
+        spec.loader.exec_module(mod)
+        return mod
+
+
+def _right(name):
+    def merge(o_parts, lse_parts):
+        mx = lse_parts.max(0)
+        ms = np.where(np.isneginf(mx), 0, mx)
+        w = np.exp(lse_parts - ms)
+        t = w.sum(0)
+        return (w[..., None] * np.where(w[..., None] > 0, o_parts, 0)).sum(0) / t[:, None], ms + np.log(t)
+
+    def zz(rank, world, n):
+        c = n // (2 * world)
+        return np.r_[rank * c:(rank + 1) * c, (2 * world - 1 - rank) * c:(2 * world - rank) * c]
+
+    def step(q, k, v, qp, kp, o, lse, causal):
+        s = q @ k.T / math.sqrt(q.shape[1])
+        if causal:
+            s = np.where(kp[None] <= qp[:, None], s, -np.inf)
+        mb = s.max(1)
+        mbs = np.where(np.isneginf(mb), 0, mb)
+        p = np.exp(s - mbs[:, None])
+        l = p.sum(1)
+        lb = np.where(l > 0, mbs + np.log(np.where(l > 0, l, 1)), -np.inf)
+        ob = p @ v / np.where(l > 0, l, 1)[:, None]
+        return merge(np.stack([o, ob]), np.stack([lse, lb]))
+    return {"merge_partials": merge, "zigzag_indices": zz, "ring_step": step}[name]
+
+
+def _as_candidate(name, bug):
+    """A learner's function that makes exactly this mistake (the bug's outputs, case by case)."""
+    from flashlab.grader.core import Case
+    if name == "zigzag_indices":
+        return lambda rank, world, n: bug.outputs(Case({"world": world, "N": n}, {}))["indices"][rank].astype(int)
+    if name == "merge_partials":
+        def merge(o, lse):
+            out = bug.outputs(Case({}, {"o_parts": o, "lse_parts": lse}))
+            return out["o"], out["lse"]
+        return merge
+
+    def step(q, k, v, qp, kp, o, lse, causal):
+        out = bug.outputs(Case({"causal": causal}, dict(q=q, k=k, v=v, q_pos=qp, k_pos=kp, o=o, lse=lse)))
+        return out["o"], out["lse"]
+    return step
+
+
+@pytest.mark.parametrize("name", ["merge_partials", "zigzag_indices", "ring_step"])
+def test_beyond_exercises_pass_right_answers_and_name_each_mistake(name, monkeypatch):
+    import contextlib
+    from flashlab.grader.core import grade
+    mod = _beyond()
+    ex = mod.EXERCISES[name]
+    with np.errstate(all="ignore"):
+        r = grade(ex, _right(name))
+    assert r.passed, str(r)
+    assert len(r.cases) >= 6 and sum(c.label.startswith("hidden") for c in r.cases) >= 5
+    stub = grade(ex, lambda *a: (_ for _ in ()).throw(NotImplementedError()))
+    assert [c.status for c in stub.cases] == ["not implemented"]
+    cheat = grade(ex, lambda *a: getattr(R, name, None)(*a) if hasattr(R, name) else
+                  positions(a[0], a[1], a[2], "zigzag"))
+    assert not cheat.passed, "calling the reference must not pass"
+    monkeypatch.setattr(mod, "_watch", lambda found: contextlib.nullcontext())   # the bugs call references
+    for bug in ex.bugs:
+        with np.errstate(all="ignore"):
+            r = grade(ex, _as_candidate(name, bug))
+        text = str(r)
+        assert not r.passed, f"{bug.key} passes"
+        assert bug.title in text, f"{bug.key} not named:\n{text}"
