@@ -157,6 +157,21 @@ def test_numpy_merge_partials_equals_one_softmax():
     np.testing.assert_allclose(l2, lse, atol=0)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ring_simulated_in_one_process_with_the_kernels(layout):
+    import flashlab
+    from flashlab.distributed import simulate_ring
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 24, 16, generator=g)
+    k, v = (torch.randn(1, 1, 24, 16, generator=g) for _ in range(2))
+    for causal in (False, True):
+        o, lse = simulate_ring(q, k, v, 3, causal, layout=layout)
+        ro, rl = flashlab.flash_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), causal,
+                                          return_lse=True)
+        torch.testing.assert_close(o, ro, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, rl, atol=2e-5, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------
 # the ring on gloo processes
 # ----------------------------------------------------------------------------

@@ -8,7 +8,7 @@
   :mod:`.figures`: notebook 09's pictures.
 """
 from .layout import LAYOUTS, Tile, chunk_ids, gather, num_chunks, positions, shard, step_plan, step_source, step_work
-from .ring import all_gather_sequence, merge_attention, ring_attention
+from .ring import all_gather_sequence, merge_attention, ring_attention, simulate_ring
 
-__all__ = ["ring_attention", "merge_attention", "all_gather_sequence", "shard", "gather", "positions",
+__all__ = ["ring_attention", "simulate_ring", "merge_attention", "all_gather_sequence", "shard", "gather", "positions",
            "chunk_ids", "num_chunks", "step_plan", "step_source", "step_work", "Tile", "LAYOUTS"]

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from . import layout as L
 
-__all__ = ["ring_attention", "merge_attention", "all_gather_sequence"]
+__all__ = ["ring_attention", "merge_attention", "all_gather_sequence", "simulate_ring"]
 
 
 # ----------------------------------------------------------------------------
@@ -239,3 +239,29 @@ def all_gather_sequence(x, layout: str = "zigzag", dim: int = 2, group=None):
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
     return L.gather(parts, layout, dim)
+
+
+def simulate_ring(q, k, v, world: int, is_causal: bool = False, *, layout: str = "zigzag",
+                  scale: float | None = None, allow_tf32: bool = False):
+    """The ring's forward with every rank played in turn by this one process (no torch.distributed):
+    q (B, H, N, D), k, v (B, H_kv, N, D) the WHOLE sequence; the same tiles (``step_plan``), kernels
+    (``attention._forward``) and merge as :func:`ring_attention`, on any device.  Returns (o, lse) in
+    sequence order.  For notebooks and for timing one rank's steps on one GPU."""
+    from ..attention import _forward
+    B, H, N, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    outs, lses = [], []
+    for rank in range(world):
+        qr = L.shard(q, rank, world, layout)
+        n = qr.shape[2]
+        o = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
+        lse = torch.full((B, H, n), -math.inf, device=q.device, dtype=torch.float32)
+        for step in range(world):
+            src = L.step_source(rank, world, step)
+            ke, ve = (_expand_heads(L.shard(t, src, world, layout), H) for t in (k, v))
+            for t in L.step_plan(rank, world, step, n, layout, is_causal):
+                o_s, lse_s = _forward(qr[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)
+                o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)
+        outs.append(o.to(q.dtype))
+        lses.append(lse)
+    return L.gather(outs, layout), L.gather([x[..., None] for x in lses], layout)[..., 0]
