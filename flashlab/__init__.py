@@ -11,6 +11,7 @@ from . import reference  # noqa: F401
 
 if device.TRITON:
     from .attention import flash_attention  # noqa: F401
+    from .decode import flash_decode  # noqa: F401
     from . import op  # noqa: F401  (registers torch.ops.flashlab.attention_forward/backward)
 else:
     def flash_attention(q, k, v, causal: bool = False, scale=None, return_lse: bool = False, *,
@@ -18,7 +19,12 @@ else:
         """FlashAttention-2 in Triton: not available here, because Triton is not installed."""
         device.require_triton("flashlab.flash_attention")
 
+    def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, is_causal: bool = False,
+                     scale=None, softcap=None, window=None, num_splits=None, return_lse: bool = False):
+        """Split-KV decoding in Triton: not available here, because Triton is not installed."""
+        device.require_triton("flashlab.flash_decode")
+
 __version__ = "0.1.0"
-__all__ = ["device", "reference", "flash_attention", "__version__"]
+__all__ = ["device", "reference", "flash_attention", "flash_decode", "__version__"]
 
 device.register_magics()

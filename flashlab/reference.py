@@ -288,7 +288,78 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, block_q: int =
 
 
 # ----------------------------------------------------------------------------
-# 9. beyond one kernel: split-KV merge, a ring step, the ring in one process
+# 5. decoding against a KV cache (flashlab.flash_decode's reference)
+# ----------------------------------------------------------------------------
+
+def decode_reference(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, is_causal: bool = False,
+                     scale=None, softcap=None, window=None, dtype=None):
+    """Attention of q (B, H, Nq, D) against a contiguous or paged KV cache, the plain way. Returns (o, lse).
+
+    Same arguments as ``flashlab.flash_decode``; computed in ``dtype`` (default float64) in torch,
+    one sequence at a time:
+      * paged: the sequence's keys are gathered block by block, k[b] = cat_m k_cache[block_table[b, m]];
+      * query row t sits at position p = len_b - Nq + t (bottom-right); key j < len_b is seen when
+        p - left <= j <= p + right (window; -1 unbounded) and j <= p when causal;
+      * scores s = scale * q k^T, then softcap * tanh(s / softcap) if softcap is given;
+      * GQA: query head h reads KV head h // (H / H_kv).
+    A row that sees no key gets o = 0 and lse = -inf.  o is returned in ``dtype``, lse in float32 or
+    float64 (the wider of ``dtype`` and float32).
+    """
+    import torch
+
+    dtype = dtype or torch.float64
+    B, H, Nq, D = q.shape
+    H_kv = k_cache.shape[1]
+    G = H // H_kv
+    sc = _scale(D, scale)
+    left, right = (-1, -1) if window is None else window
+    if block_table is not None:
+        cap = block_table.shape[1] * k_cache.shape[2]
+    else:
+        cap = k_cache.shape[2]
+    lens = [cap] * B if cache_seqlens is None else [int(x) for x in cache_seqlens]
+    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    o = torch.zeros((B, H, Nq, D), dtype=dtype)
+    lse = torch.full((B, H, Nq), float("-inf"), dtype=lse_dtype)
+    for b in range(B):
+        n = lens[b]
+        if block_table is not None:
+            nb = -(-n // k_cache.shape[2])
+            idx = block_table[b, :nb].long().cpu()
+            k = k_cache.cpu()[idx].transpose(0, 1).reshape(H_kv, -1, D)[:, :n]   # (H_kv, n, D)
+            v = v_cache.cpu()[idx].transpose(0, 1).reshape(H_kv, -1, D)[:, :n]
+        else:
+            k, v = k_cache[b, :, :n].cpu(), v_cache[b, :, :n].cpu()
+        if n == 0:
+            continue
+        k = k.to(dtype).repeat_interleave(G, dim=0)                     # (H, n, D)
+        v = v.to(dtype).repeat_interleave(G, dim=0)
+        s = sc * (q[b].cpu().to(dtype) @ k.transpose(-1, -2))           # (H, Nq, n)
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
+        pos = n - Nq + torch.arange(Nq)[:, None]
+        j = torch.arange(n)[None, :]
+        keep = torch.ones(Nq, n, dtype=torch.bool)
+        if is_causal:
+            keep &= j <= pos
+        if left >= 0:
+            keep &= j >= pos - left
+        if right >= 0:
+            keep &= j <= pos + right
+        s = s.masked_fill(~keep, float("-inf"))
+        seen = keep.any(dim=-1)                                          # (Nq,)
+        ls = torch.logsumexp(s.to(lse_dtype), dim=-1)                    # -inf where nothing is seen
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)                    # all -inf row: NaN -> 0
+        o[b] = (p @ v) * seen[None, :, None]
+        lse[b] = ls
+    return o, lse
+
+
+__all__.append("decode_reference")
+
+
+# ----------------------------------------------------------------------------
+# 6. beyond one kernel: split-KV merge, a ring step, the ring in one process (notebook 09)
 # ----------------------------------------------------------------------------
 
 def merge_partials(o_parts, lse_parts):

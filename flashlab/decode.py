@@ -1,0 +1,300 @@
+"""Decoding against a KV cache: ``flashlab.flash_decode``, split-KV (flash-decoding) in Triton.
+
+    o = flash_decode(q, k_cache, v_cache, cache_seqlens)                       # contiguous cache
+    o = flash_decode(q, k_pages, v_pages, cache_seqlens, block_table=table)    # paged cache (vLLM)
+    o, lse = flash_decode(q, k_cache, v_cache, lens, is_causal=True, return_lse=True)
+
+Shapes:
+  * q (B, H, Nq, D): the Nq >= 1 newest query rows of each sequence (Nq > 1: speculative decoding);
+  * a contiguous cache k_cache, v_cache (B, H_kv, N_max, D), or a paged one (num_blocks, H_kv,
+    block_size, D) with ``block_table`` (B, max_blocks) int32: logical block m of sequence b is
+    physical block block_table[b, m];
+  * ``cache_seqlens`` (B,) int32: valid keys per sequence (None: the whole capacity, N_max or
+    max_blocks * block_size).
+
+Positions are bottom-right, as flash-attn's ``flash_attn_with_kvcache``: query row t of sequence b
+sits at position cache_seqlens[b] - Nq + t; ``is_causal`` and ``window=(left, right)`` (-1:
+unbounded) are relative to it.  GQA/MQA follow the cache's head count (H % H_kv == 0).
+
+What is checked where (nothing here synchronises with the GPU, so a call can be captured in a
+CUDA graph):
+  * on the host, always: types, dtypes, ranks, shapes, devices, head counts, block_table's dtype
+    and shape, scale / softcap / window / num_splits values;
+  * on the host, only when the tensors are on the CPU (reading them costs no sync there): that
+    0 <= cache_seqlens <= capacity and that the block-table entries a sequence uses lie in
+    [0, num_blocks);
+  * on the GPU the kernel clamps instead: a length is clamped into [0, capacity] and a table entry
+    into [0, num_blocks - 1], so a bad value gives a wrong answer for that sequence, never a read
+    outside the cache.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import device
+from .kernels.decode import decode_merge_kernel, decode_split_kernel
+
+__all__ = ["flash_decode", "choose_num_splits", "decode_config", "MAX_HEAD_DIM"]
+
+MAX_HEAD_DIM = 256
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_SPLITS = 128          # beyond this the merge reads more partial state than it saves
+MIN_TILES_PER_SPLIT = 4   # a split of fewer tiles spends more on its start and its partial state than on keys
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+def _check(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, window, num_splits):
+    """Raise a ValueError/TypeError naming the argument and the fix; return the problem's sizes."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            want = "(B, H, Nq, D)" if name == "q" else "(B, H_kv, N_max, D) or, paged, (num_blocks, H_kv, block_size, D)"
+            raise ValueError(f"{name} must have 4 dimensions {want}, got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; use torch.float16, torch.bfloat16 or torch.float32")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype):
+        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}; "
+                        f"convert with .to(q.dtype)")
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError(f"q, k_cache, v_cache must be on one device, got {q.device}, {k_cache.device}, {v_cache.device}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {q.device}; use a CUDA GPU or the CPU (interpreter)")
+    if q.device.type == "cpu" and not device.INTERPRET:
+        raise ValueError("q is on the CPU but Triton is compiling for the GPU; move the inputs with .cuda() "
+                         "(or set TRITON_INTERPRET=1 before importing flashlab to use the interpreter)")
+    if q.device.type == "cuda" and device.INTERPRET:
+        raise ValueError("the inputs are on the GPU but Triton runs in the interpreter (TRITON_INTERPRET=1); "
+                         "move them with .cpu() or unset TRITON_INTERPRET")
+    if q.dtype == torch.bfloat16 and q.device.type == "cuda" and not device.bf16_supported():
+        raise TypeError(f"bf16 kernels need compute capability 8.0 or newer; this GPU, "
+                        f"{torch.cuda.get_device_name(q.device)}, has fp16: use torch.float16")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise RuntimeError("flash_decode is for inference and has no autograd (no backward): call it under "
+                           "torch.no_grad() or torch.inference_mode(), or pass tensors detached with .detach(); "
+                           "for training use flashlab.flash_attention")
+    B, H, Nq, D = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    if min(q.shape) == 0 or min(k_cache.shape) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}; every dimension must be >= 1")
+    n0, H_kv, n2, Dk = k_cache.shape
+    if Dk != D:
+        raise ValueError(f"q and the cache must have the same head dim (dim 3): q {tuple(q.shape)}, "
+                         f"k_cache {tuple(k_cache.shape)}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported; use D <= {MAX_HEAD_DIM} (64 and 128 are the fast paths)")
+    if H % H_kv:
+        raise ValueError(f"the query heads (q.shape[1] = {H}) must be a multiple of the cache's heads "
+                         f"(k_cache.shape[1] = {H_kv}) for GQA/MQA; repeat or regroup the heads so H % H_kv == 0")
+
+    if block_table is None:
+        if n0 != B:
+            raise ValueError(f"a contiguous cache must be (B, H_kv, N_max, D) with B = q.shape[0] = {B}, got "
+                             f"k_cache {tuple(k_cache.shape)}; for a paged cache pass block_table=")
+        capacity, page = n2, 0
+    else:
+        if not isinstance(block_table, torch.Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor (B, max_blocks) int32, got {type(block_table).__name__}")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"block_table has dtype {block_table.dtype}; it must be torch.int32: "
+                            f"pass block_table.to(torch.int32)")
+        if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] == 0:
+            raise ValueError(f"block_table must be (B, max_blocks) = ({B}, >= 1), got shape {tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table is on {block_table.device} but q on {q.device}; move it with .to(q.device)")
+        capacity, page = block_table.shape[1] * n2, n2
+
+    if cache_seqlens is not None:
+        if not isinstance(cache_seqlens, torch.Tensor):
+            raise TypeError(f"cache_seqlens must be a torch.Tensor (B,) int32 or None, got {type(cache_seqlens).__name__}")
+        if cache_seqlens.dtype != torch.int32:
+            raise TypeError(f"cache_seqlens has dtype {cache_seqlens.dtype}; it must be torch.int32: "
+                            f"pass cache_seqlens.to(torch.int32)")
+        if cache_seqlens.shape != (B,):
+            raise ValueError(f"cache_seqlens must have shape (B,) = ({B},), got {tuple(cache_seqlens.shape)}")
+        if cache_seqlens.device != q.device:
+            raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q on {q.device}; "
+                             f"move it with .to(q.device)")
+        if q.device.type == "cpu":   # free on the CPU; on a GPU it would be a sync (the kernel clamps there)
+            lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+            if lo < 0 or hi > capacity:
+                what = "N_max = k_cache.shape[2]" if block_table is None else "max_blocks * block_size"
+                raise ValueError(f"cache_seqlens must lie in [0, {capacity}] ({what}), got values in [{lo}, {hi}]")
+    if block_table is not None and q.device.type == "cpu":
+        lens = cache_seqlens.long() if cache_seqlens is not None else torch.full((B,), capacity, dtype=torch.long)
+        used = torch.arange(block_table.shape[1])[None, :] < ((lens + page - 1) // page)[:, None]
+        vals = block_table[used]
+        if vals.numel() and (int(vals.min()) < 0 or int(vals.max()) >= n0):
+            raise ValueError(f"block_table holds physical block numbers outside [0, num_blocks = {n0}) in the blocks "
+                             f"the sequences use (got [{int(vals.min())}, {int(vals.max())}])")
+
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be a positive finite number or None (no capping), got {softcap!r}")
+    if window is not None:
+        ok = (isinstance(window, (tuple, list)) and len(window) == 2
+              and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window))
+        if not ok:
+            raise ValueError(f"window must be None or (left, right), two ints >= -1 (-1: unbounded), got {window!r}")
+    if num_splits is not None and not (isinstance(num_splits, int) and not isinstance(num_splits, bool)
+                                       and num_splits >= 1):
+        raise ValueError(f"num_splits must be None (automatic) or an int >= 1, got {num_splits!r}")
+    return B, H, Nq, D, H_kv, capacity, page
+
+
+# ------------------------------------------------------------------------------------------------ configs
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(idx: int) -> int:
+    return torch.cuda.get_device_properties(idx).multi_processor_count
+
+
+def decode_config(head_dim: int, dtype: torch.dtype, rows: int) -> dict:
+    """Tile sizes and launch parameters of the split kernel: BLOCK_N (keys per tile), num_warps, num_stages.
+
+    The split kernel moves K/V bytes and does almost no arithmetic, so what matters is many bytes in
+    flight: tiles of 64 keys and a 3-deep software pipeline keep ~64 KB of loads outstanding per program
+    at D = 128 in bf16 (two such programs fit one H200 multiprocessor's shared memory).
+    """
+    if device.INTERPRET:
+        return dict(BLOCK_N=16, num_warps=4, num_stages=1)
+    d = _next_pow2(max(16, head_dim))
+    if dtype == torch.float32 or d > 128:
+        return dict(BLOCK_N=32, num_warps=4, num_stages=2)
+    return dict(BLOCK_N=64, num_warps=4 if rows <= 64 else 8, num_stages=3)
+
+
+def choose_num_splits(programs: int, n_tiles: int, sms: int, occupancy: int = 2) -> int:
+    """How many splits of the keys: enough programs to fill every multiprocessor, in full waves.
+
+    ``programs``: programs per split (B * H_kv * row blocks); ``n_tiles``: key tiles of the longest
+    possible sequence; ``sms``: multiprocessors; ``occupancy``: programs one multiprocessor runs at once.
+    Each candidate s gives waves = programs * s / (sms * occupancy); its efficiency is waves / ceil(waves)
+    (the last wave's idle share).  Among the splits that leave each at least MIN_TILES_PER_SPLIT tiles,
+    take the smallest whose efficiency is within 10 % of the best (fewer splits: less partial state to
+    merge).  A batch that already fills the GPU gets one split (no merge at all).
+    """
+    slots = sms * occupancy
+    if programs >= slots:
+        return 1
+    s_max = max(1, min(MAX_SPLITS, n_tiles // MIN_TILES_PER_SPLIT))
+    effs = []
+    for s in range(1, s_max + 1):
+        waves = programs * s / slots
+        effs.append(waves / math.ceil(waves))
+    best = max(effs)
+    for s, e in enumerate(effs, start=1):
+        if e >= 0.9 * best:
+            return s
+    return 1  # pragma: no cover
+
+
+# ------------------------------------------------------------------------------------------------ the op
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, is_causal: bool = False,
+                 scale: float | None = None, softcap: float | None = None, window=None,
+                 num_splits: int | None = None, return_lse: bool = False):
+    """Attention of a few new query rows against a KV cache, split over the keys (flash-decoding).
+
+    Args:
+        q: (B, H, Nq, D), Nq >= 1.  fp16, bf16 or fp32; any strides.
+        k_cache, v_cache: contiguous (B, H_kv, N_max, D), or paged (num_blocks, H_kv, block_size, D)
+            with ``block_table``.  H % H_kv == 0 (GQA, MQA).  Any strides.
+        cache_seqlens: (B,) int32, valid keys per sequence; None: the whole capacity.
+        block_table: (B, max_blocks) int32; logical block m of sequence b is physical block
+            block_table[b, m] (vLLM's page table).  Entries past a sequence's length are not read.
+        is_causal: query row t (at position cache_seqlens[b] - Nq + t) sees keys j <= its position.
+        scale: softmax scale, default 1/sqrt(D).
+        softcap: scores s become softcap * tanh(s / softcap) after scaling (Gemma 2's soft capping).
+        window: (left, right): row at position p sees keys p - left <= j <= p + right; -1 is unbounded.
+        num_splits: how many stretches the keys of each sequence are cut into; None chooses by
+            B * H_kv, the cache length and the multiprocessor count.  Any value gives the same result
+            within rounding; values above the number of key tiles leave splits empty (harmless).
+        return_lse: also return the log-sum-exp (B, H, Nq), float32, natural log.
+
+    Returns:
+        o (B, H, Nq, D) in q's dtype, or (o, lse).  A row that sees no key gets o = 0 and lse = -inf.
+
+    Inference only: no autograd.  No host synchronisation and no allocation whose size depends on
+    tensor *values*, so a call can be captured in a CUDA graph (after one warm-up call compiles it).
+    """
+    return _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window,
+                   num_splits, return_lse)
+
+
+def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
+            return_lse, config=None):
+    """flash_decode's body; ``config`` (a decode_config dict) forces the tile sizes (scripts/bench_decode.py)."""
+    B, H, Nq, D, H_kv, capacity, page = _check(q, k_cache, v_cache, cache_seqlens, block_table,
+                                               scale, softcap, window, num_splits)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+
+    out_dtype = q.dtype
+    if q.dtype == torch.bfloat16 and device.INTERPRET:   # the interpreter's bf16 tl.dot is wrong
+        q, k_cache, v_cache = (t.float() for t in (q, k_cache, v_cache))
+
+    G = H // H_kv
+    rows = G * Nq
+    block_d = _next_pow2(max(16, D))
+    max_rows = 128 if block_d <= 128 else 64
+    block_m = min(max(16, _next_pow2(rows)), max_rows)
+    n_row_blocks = -(-rows // block_m)
+    cfg = dict(config or decode_config(D, q.dtype, block_m))
+    block_n = cfg.pop("BLOCK_N")
+
+    span = capacity if left < 0 else min(capacity, left + Nq + block_n)   # keys one sequence can need
+    n_tiles = -(-span // block_n)
+    programs = B * H_kv * n_row_blocks
+    if num_splits is None:
+        sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()) \
+            if q.device.type == "cuda" else 4
+        num_splits = choose_num_splits(programs, n_tiles, sms)
+    S = int(num_splits)
+    if programs * S >= 2**31:
+        raise ValueError(f"{programs * S} programs exceed the grid limit 2^31 - 1; use fewer num_splits or split the batch")
+
+    o = torch.empty((B, H, Nq, D), device=q.device, dtype=q.dtype)
+    lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+    if S == 1:
+        o_part, l_part = o, lse
+        so = (*o.stride()[:3], 0, o.stride(3))
+        sl = (*lse.stride(), 0)
+    else:
+        o_part = torch.empty((B, H, Nq, S, D), device=q.device, dtype=torch.float32)
+        l_part = torch.empty((B, H, Nq, S), device=q.device, dtype=torch.float32)
+        so, sl = o_part.stride(), l_part.stride()
+
+    paged = block_table is not None
+    bt = block_table if paged else lse                  # any tensor: not read when not paged
+    seq = cache_seqlens if cache_seqlens is not None else lse
+    bts = block_table.stride() if paged else (0, 0)
+    decode_split_kernel[(programs * S,)](
+        q, k_cache, v_cache, bt, seq, o_part, l_part,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *bts, *so, *sl,
+        H_kv, G, Nq, capacity, k_cache.shape[0], S, n_row_blocks,
+        scale, float(softcap) if softcap is not None else 1.0, left, right,
+        PAGED=paged, PAGE=max(page, 1), HAS_SEQLENS=cache_seqlens is not None,
+        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=D, DOT_PRECISION="ieee",
+        **cfg)
+    if S > 1:
+        decode_merge_kernel[(B * H * Nq,)](
+            o_part, l_part, o, lse, *o_part.stride(), *l_part.stride(), *o.stride(), *lse.stride(),
+            H, Nq, S, BLOCK_S=_next_pow2(S), BLOCK_D=block_d, HEAD_DIM=D, num_warps=4 if S * block_d <= 8192 else 8)
+    if o.dtype != out_dtype:   # bf16 computed in fp32 by the interpreter
+        o = o.to(out_dtype)
+    return (o, lse) if return_lse else o
