@@ -7,6 +7,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Polygon, Rectangle
 
+from .. import viz as _viz  # noqa: F401  (registers the PNG display of these pyplot-free Figures in IPython)
 from . import cost as C
 from . import layout as L
 
