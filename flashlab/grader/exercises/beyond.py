@@ -159,7 +159,8 @@ def _merge_cases(rng):
             (3, 4, 8, True, 0, False), (5, 8, 8, False, 2, False), (2, 4, 4, True, 1, False)]
     s, n = (int(x) for x in rng.integers(2, 12, size=2))
     spec.append((s, n, int(rng.choice([4, 8, 32])), bool(rng.integers(2)), int(rng.integers(0, s)), False))
-    return [Case({"S": s, "N": n, "D": d, "rows": "empty splits" if e else "all splits hold keys"},
+    return [Case({"S": s, "N": n, "D": d, "rows": "empty splits" if e else "all splits hold keys",
+                  "check": f"S={s} splits"},
                  _parts(rng, s, n, d, large=big, empty=e), visible=vis, large=big)
             for s, n, d, big, e, vis in spec]
 
@@ -237,7 +238,7 @@ def _zz_cases(rng):
     spec = [(2, 8), (4, 64), (1, 6), (3, 36), (8, 160), (5, 20)]
     w = int(rng.integers(2, 9))
     spec.append((w, 2 * w * int(rng.integers(1, 9))))
-    return [Case({"world": w, "N": n}, {}, visible=(i == 0)) for i, (w, n) in enumerate(spec)]
+    return [Case({"world": w, "N": n, "check": f"world={w}"}, {}, visible=(i == 0)) for i, (w, n) in enumerate(spec)]
 
 
 def _zz_collect(fn, case, problems=None):
@@ -338,7 +339,8 @@ def _ring_cases(rng):
                   "o": o, "lse": lse}
         where = "no key of this block visible to some rows" if causal and (src.min() > pos[rank].min()) else ""
         cases.append(Case({"layout": layout, "world": w, "rank": rank, "step": step, "causal": causal,
-                           "N": n, "D": d, "rows": where or f"block of rank {L.step_source(rank, w, step)}"},
+                           "N": n, "D": d, "rows": where or f"block of rank {L.step_source(rank, w, step)}",
+                           "check": f"{layout}, world={w}, rank {rank}, step {step}"},
                           inputs, visible=vis, large=big))
     return cases
 
