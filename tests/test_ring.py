@@ -376,3 +376,38 @@ def test_beyond_exercises_pass_right_answers_and_name_each_mistake(name, monkeyp
         text = str(r)
         assert not r.passed, f"{bug.key} passes"
         assert bug.title in text, f"{bug.key} not named:\n{text}"
+
+
+# ----------------------------------------------------------------------------
+# the cost model and the figures
+# ----------------------------------------------------------------------------
+
+def test_overlap_rows_is_where_transfer_equals_compute():
+    from flashlab.distributed import cost as C
+    for bw in (C.H200_NODE.nvlink, C.H200_NODE.ib):
+        for causal in (False, True):
+            for H, Hkv in ((32, 32), (32, 8)):
+                n = C.overlap_rows(bw, C.H200_NODE.flops, H, Hkv, 2, causal)
+                tc, tm, _, _ = C.ring_step(n, 3, H, Hkv, 64, 2, causal, bw, C.H200_NODE.flops)   # B, D cancel
+                assert tc == pytest.approx(tm, rel=1e-12)
+                tc2, tm2, _, _ = C.ring_step(2 * n, 3, H, Hkv, 64, 2, causal, bw, C.H200_NODE.flops)
+                assert tc2 > tm2                                   # past n*, compute hides the transfer
+    assert C.overlap_rows(C.H200_NODE.nvlink, causal=True) == pytest.approx(400e12 * 2 / (2 * 0.5 * 450e9))
+
+
+def test_cost_model_limits():
+    from flashlab.distributed import cost as C
+    s = C.scaling(1 << 20)
+    assert all(u is None for W, u in zip(s["W"], s["ulysses"]) if W > 32)        # W > H: no head per rank
+    assert all(u is not None for W, u in zip(s["W"], s["ulysses"]) if W <= 32)
+    ratio = [r / i for r, i in zip(s["ring"], s["ideal"])]
+    assert ratio[0] == pytest.approx(1.0) and ratio[-1] > 2.0                   # comm-bound at 1024 GPUs
+
+
+def test_figures_are_figures():
+    from matplotlib.figure import Figure
+    from flashlab.distributed import figures as F
+    figs = [F.fig_programs_vs_sms(), F.fig_split_merge(), F.fig_block_table([[2, 0], [1, 3]], [20, 9], 16),
+            F.fig_ring_schedule(3, "zigzag"), F.fig_ring_schedule(2, "contiguous", causal=False),
+            F.fig_overlap(measured={1024: 1e-4}), F.fig_cost_model(seqlens=(65536,))]
+    assert all(isinstance(f, Figure) and f.axes for f in figs)
