@@ -11,7 +11,8 @@ from buggy_backward import make_backward
 from flashlab import reference as R
 from flashlab.grader import grade
 from flashlab.grader import bugs_backward as BB
-from flashlab.grader.exercises import EXERCISES, _bwd_cases
+from flashlab.grader.exercises import EXERCISES
+from flashlab.grader.exercises.part3 import _bwd_cases
 
 
 def _hint_names(r, title):

@@ -257,16 +257,22 @@ print(secret, net, seen, wrote, others)
     # resources: a fork bomb, a memory hog, a huge file, a process holding stdout open; right answer
     _nb(cls / "dave" / "work.ipynb", [HEAD + sleeper + """
 holder = sleeper()                                   # keeps the kernel's stdout open after the run
-kids = 0
+kids = []
 try:
     for _ in range(2000):                            # a fork bomb, held back by the process limit
-        if os.fork() == 0:
+        pid = os.fork()
+        if pid == 0:
             import time
             time.sleep(1000)
             os._exit(0)
-        kids += 1
+        kids.append(pid)
 except OSError as e:
-    print("forks:", kids, e)
+    print("forks:", len(kids), e)
+if len(kids) == 2000:
+    raise SystemExit("the process limit did not hold")
+for pid in kids:                                     # (the kernel itself needs a thread for the next cell)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
 """, "grade('online_softmax', R.online_softmax)", "hog = bytearray(16 << 30)",
         "with open('big', 'wb') as f:\n    for _ in range(1024):\n        f.write(b'x' * (1 << 20))"])
     # a gigabyte to the kernel's stdout, after a right answer
@@ -463,3 +469,31 @@ def test_no_reachable_interpreter_fails_loudly(tmp_path, monkeypatch):
     _nb(tmp_path / "class" / "a.ipynb", ["x = 1"])
     with pytest.raises(isolation.IsolationError, match="could not run Python"):
         batch.grade_all([tmp_path / "class"], tmp_path / "out", timeout=30, progress=False)
+
+
+def test_the_selftest_grades_a_notebook_with_the_runs_interpreter(monkeypatch):
+    """The self-test runs a real notebook end to end in the sandbox, with the interpreter of the run
+    (in a virtual environment: the venv's, whose packages the base interpreter lacks), and stops the
+    run unless that notebook's grade() came back "pass"."""
+    from flashlab.grader import isolation
+
+    def selftest():
+        g = batch.Grader(batch.Config(timeout=120))
+        try:
+            return g.selftest()
+        finally:
+            g.close()
+
+    facts = selftest()
+    assert facts["python"] == isolation.interpreter() and facts["uid"] != 0 and not facts["network"]
+    assert facts["prefix"] == sys.prefix                       # the venv's packages, where there is one
+    # a notebook that runs but grades wrong: the run stops, it does not pass regardless
+    monkeypatch.setattr(batch, "_SELFTEST_CELL", batch._SELFTEST_CELL.replace("m_new = np.maximum(m, x.max(1))",
+                                                                              "m_new = x.max(1)"))
+    with pytest.raises(isolation.IsolationError, match="could not run Python.*graded fail"):
+        selftest()
+    monkeypatch.undo()
+    if sys.prefix != sys.base_prefix:        # the old mistake: the base interpreter, without the venv's packages
+        monkeypatch.setattr(isolation, "interpreter", lambda: os.path.realpath(sys.executable))
+        with pytest.raises(isolation.IsolationError, match="could not run Python"):
+            selftest()

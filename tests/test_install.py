@@ -53,9 +53,15 @@ def test_install_cell_leaves_torch_and_triton_alone(monkeypatch, tmp_path):
         except PackageNotFoundError:  # offline, pip could not resolve it: not what this test is about
             pytest.skip(f"{name} (a dependency of flashlab) is not installed here")
     venv = tmp_path / "venv"
-    # (no pip of its own: this pip drives the venv's interpreter with --python, seconds faster)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    # (no pip of its own: this pip drives the venv's interpreter with --python, seconds faster).  It sees
+    # this interpreter's packages through a .pth file: --system-site-packages would show the *base*
+    # interpreter's, which lack torch when this one is itself a virtual environment.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    site_dir = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    ours = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p)]
+    Path(site_dir, "_this_environment.pth").write_text("".join(p + "\n" for p in ours))
     r = subprocess.run([str(py), "-c", "import torch, triton"], capture_output=True, text=True)
     assert r.returncode == 0, "the venv should see this environment's torch and triton: " + r.stderr
     report = tmp_path / "report.json"

@@ -59,8 +59,9 @@ MAX_OUTPUT = 64 << 20            # bytes of arrays in one case's answer
 # grading one notebook
 # ----------------------------------------------------------------------------
 
-class Interrupted(Exception):
-    pass
+class Interrupted(BaseException):
+    """The run was stopped (SIGINT, SIGTERM): a BaseException, so that no ``except Exception`` on the
+    way (reading, parsing, grading a notebook) turns it into a verdict."""
 
 
 @dataclass
@@ -96,6 +97,8 @@ class _Run:
         self.grades, self.calls, self.cell_errors, self.notes = {}, {}, [], []
         self.finished = None           # the runner's own account: (status, detail)
         self.connections = 0
+        self.selftest = False          # the grader's own self-test notebook: its facts are read
+        self.facts = None
 
 
 class Grader:
@@ -106,7 +109,7 @@ class Grader:
         self.exercises = EXERCISES
         self.mode = iso.choose(cfg.isolation)
         self.pkg = os.path.dirname(os.path.realpath(flashlab.__file__))
-        self.python = os.path.realpath(sys.executable)
+        self.python = iso.interpreter()      # a venv's bin/python as named: with the venv's packages
         _remove_stale()
         self.work = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-")
         os.chmod(self.work, 0o700)
@@ -122,7 +125,7 @@ class Grader:
 
     # -- the sandbox ----------------------------------------------------------
     def _env(self, home, ctl, slot):
-        base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+        base = {"PATH": os.path.dirname(self.python) + ":/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
                 "HOME": home, "USER": "student", "LOGNAME": "student", "TMPDIR": "/tmp" if self.mode == "sandbox"
                 else home, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
                 "JUPYTER_PATH": os.path.join(ctl, "jupyter"), "JUPYTER_CONFIG_DIR": os.path.join(home, ".jupyter"),
@@ -231,27 +234,26 @@ class Grader:
                 pass
 
     def selftest(self):
-        """Start one sandbox before grading anything: if it cannot run Python as an unprivileged user,
-        or can write to flashlab or reach the network, stop here with the reason."""
-        d, cmd, cwd, env, listener, log = self._prepare(0, None, ["--selftest"])
-        listener.close()
-        try:
-            proc = self._spawn(cmd, cwd, env, log)
-            try:
-                proc.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                self._kill(proc)
-            self._kill(proc)
-            text = _tail(os.path.join(d, "log"), 6000)
-        finally:
-            os.close(log)
-            iso.remove_cgroups(self._cgroups.pop(d, []))
-            shutil.rmtree(d, ignore_errors=True)
-        m = re.search(r"^SELFTEST (\{.*\})$", text, re.M)
-        if not m:
-            raise iso.IsolationError("the sandbox could not run Python and flashlab as an unprivileged user; "
-                                     "its last output:\n  " + "\n  ".join(text.strip().splitlines()[-8:]))
-        facts = json.loads(m.group(1))
+        """Before grading anything, grade one notebook of the grader's own, end to end, exactly as a
+        student's runs: the interpreter this run uses (a virtual environment's, with its packages),
+        the sandbox, the kernel, ``grade()`` over the socket.  Its one cell answers an exercise
+        rightly and reports what it can reach; unless the verdict is "pass", the run ran to its end,
+        and it ran unprivileged without write access to flashlab or the network, stop here."""
+        key = (self.mode, self.python, self.pkg, json.dumps(iso.python_trees()), _SELFTEST_CELL,
+               json.dumps(asdict(self.cfg.limits)))
+        if key in _SELFTESTS_PASSED:          # the same setup, already proven in this process
+            return _SELFTESTS_PASSED[key]
+        res = self._run_notebook(0, _selftest_notebook(), selftest=True)
+        run, facts = res["run"], res["run"].facts
+        verdict = run.grades.get(SELFTEST_EXERCISE, {}).get("status")
+        if facts is None or verdict != "pass" or res["code"] != 0 or res["timed_out"]:
+            told = (run.finished[1] if run.finished else "") or ""
+            errors = "; ".join(f"cell {c}: {e}" for c, e in run.cell_errors[:3])
+            lines = [l for l in (errors, told) if l] + res["log_tail"].strip().splitlines()[-8:]
+            raise iso.IsolationError(
+                f"the sandbox could not run Python and flashlab as an unprivileged user with {self.python} "
+                f"(a one-cell notebook graded {verdict or 'nothing'}, exit status {res['code']}"
+                + (", timed out" if res["timed_out"] else "") + "); its last output:\n  " + "\n  ".join(lines))
         problems = []
         if self.mode == "sandbox" and facts.get("uid") == 0:
             problems.append("it ran as root")
@@ -261,6 +263,7 @@ class Grader:
             problems.append("it could reach the network")
         if problems:
             raise iso.IsolationError("the sandbox is not isolated: " + ", ".join(problems))
+        _SELFTESTS_PASSED[key] = facts
         return facts
 
     # -- one notebook ------------------------------------------------------------
@@ -277,23 +280,13 @@ class Grader:
                     "detail": f"the grader failed on this notebook: {type(e).__name__}: {show(e)[:200]}",
                     "grades": {}, "notes": [], "seconds": 0.0}
 
-    def _grade(self, sub: Submission, slot: int) -> dict:
-        rec = {"student": sub.student, "notebook": sub.notebook, "sha256": "", "status": "ok", "detail": "",
-               "grades": {}, "notes": [], "seconds": 0.0}
+    def _run_notebook(self, slot, data: bytes, selftest: bool = False) -> dict:
+        """Run ``data`` (a notebook) in a sandbox, serving its grade() calls until it ends."""
         start = time.monotonic()
-        try:
-            data = read_submission(sub.path)
-        except (OSError, ValueError) as e:
-            rec.update(status="rejected", detail=f"cannot read: {getattr(e, 'strerror', None) or e}")
-            return rec
-        rec["sha256"] = hashlib.sha256(data).hexdigest()
-        why = check_notebook(data)
-        if why:
-            rec.update(status="rejected", detail=why)
-            return rec
         d, cmd, cwd, env, listener, log = self._prepare(
             slot, data, ["{ctl}/submission.ipynb", str(self.cfg.timeout), iso.KERNEL_NAME])
-        run = _Run(start + self.cfg.timeout)
+        run = _Run(start + (min(self.cfg.timeout, SELFTEST_TIMEOUT) if selftest else self.cfg.timeout))
+        run.selftest = selftest
         proc = None
         try:
             proc = self._spawn(cmd, cwd, env, log)
@@ -313,6 +306,28 @@ class Grader:
             shutil.rmtree(d, ignore_errors=True)
         if self.stopping:
             raise Interrupted()
+        return {"run": run, "code": code, "timed_out": timed_out, "hit_memory": hit_memory, "log_tail": log_tail,
+                "start": start}
+
+    def _grade(self, sub: Submission, slot: int) -> dict:
+        rec = {"student": sub.student, "notebook": sub.notebook, "sha256": "", "status": "ok", "detail": "",
+               "grades": {}, "notes": [], "seconds": 0.0}
+        start = time.monotonic()
+        try:
+            data = read_submission(sub.path)
+        except (OSError, ValueError) as e:
+            rec.update(status="rejected", detail=f"cannot read: {getattr(e, 'strerror', None) or e}")
+            return rec
+        rec["sha256"] = hashlib.sha256(data).hexdigest()
+        why = check_notebook(data)
+        if self.stopping:                    # an interrupt while the notebook was read or parsed: no verdict
+            raise Interrupted()
+        if why:
+            rec.update(status="rejected", detail=why)
+            return rec
+        res = self._run_notebook(slot, data)
+        run, code, timed_out, hit_memory, log_tail = (res[k] for k in ("run", "code", "timed_out", "hit_memory",
+                                                                        "log_tail"))
         rec["grades"] = run.grades
         if hit_memory:
             _note(run, f"reached the memory limit ({self.cfg.limits.memory >> 20} MiB for the whole notebook)")
@@ -387,6 +402,9 @@ class Grader:
             if kind == "cell_error" and len(run.cell_errors) < 50:
                 cell = header.get("cell")
                 run.cell_errors.append((cell if type(cell) is int else "?", show(header.get("error", ""))[:300]))
+            elif kind == "selftest" and run.selftest and run.facts is None:
+                facts = header.get("facts")
+                run.facts = facts if isinstance(facts, dict) else {}
             elif kind == "finished" and run.finished is None:
                 status = header.get("status")
                 if status in ("ok", "timed out", "crashed"):
@@ -411,7 +429,7 @@ class Grader:
             _note(run, f"more than {MAX_CALLS} grade() calls: the rest were not graded")
             _send_quiet(conn, {"op": "error", "message": "too many grade() calls"})
             return
-        if self.cfg.exercises and name not in self.cfg.exercises:
+        if self.cfg.exercises and name not in self.cfg.exercises and not run.selftest:
             _note(run, f"grade({name!r}) is not part of this assignment: ignored")
             _send_quiet(conn, {"op": "done", "note": "not part of this assignment"})
             return
@@ -462,6 +480,39 @@ class Grader:
 
 
 WORK_PREFIX = "flashlab-batch-"
+SELFTEST_EXERCISE = "online_softmax_update"
+SELFTEST_TIMEOUT = 300.0
+_SELFTESTS_PASSED: dict = {}      # setup -> facts: the self-test runs once per process and setup
+_SELFTEST_CELL = """import json, os, socket, sys
+import numpy as np
+from flashlab.grader import grade, protocol as P
+import flashlab
+facts = {"uid": os.getuid(), "python": sys.executable, "prefix": sys.prefix, "flashlab": flashlab.__file__}
+try:
+    with open(flashlab.__file__, "a"):
+        facts["flashlab_writable"] = True
+except OSError:
+    facts["flashlab_writable"] = False
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2).close()
+    facts["network"] = True
+except OSError:
+    facts["network"] = False
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(os.environ[P.SOCKET_ENV])
+P.send(s, {"op": "event", "kind": "selftest", "facts": facts})
+s.close()
+def update(m, l, x):
+    m_new = np.maximum(m, x.max(1))
+    return m_new, np.exp(m - m_new) * l + np.exp(x - m_new[:, None]).sum(1)
+print(grade(%r, update))
+""" % SELFTEST_EXERCISE
+
+
+def _selftest_notebook() -> bytes:
+    cell = {"cell_type": "code", "execution_count": None, "id": "selftest", "metadata": {}, "outputs": [],
+            "source": _SELFTEST_CELL}
+    return json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}).encode()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -67,6 +67,16 @@ class Exercise:
     timeout: float = 120.0              # per case (seconds): past it the case is stopped, and grading too
     budget: float = 400.0               # the whole grade() call (seconds), well under a notebook cell's limit
     dtype: str | None = None            # the dtype every output must have (NumPy exercises: "float64")
+    needs_triton: bool = False          # grade() says Triton is missing (and where to run) instead of failing
+    notebook: str = ""                  # the notebook that asks for it ("05")
+    requirements: tuple = ()            # what is checked beyond the values (sentences, for the docs and reports)
+    module: str = ""                    # the registering module (set by the registry)
+
+    def __post_init__(self):
+        if not self.module:
+            import sys
+            frame = sys._getframe(2)    # the module that declared it (through the dataclass __init__)
+            self.module = frame.f_globals.get("__name__", "")
 
 
 def _errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:

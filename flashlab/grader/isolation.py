@@ -71,8 +71,9 @@ class Plan:
     root: str                      # an empty folder to build the new root on
     ctl: str                       # host folder mounted read-only at CTL
     pkg: str                       # the flashlab package folder, mounted read-only at PKG/flashlab
-    python: str                    # the interpreter (real path)
-    trees: list                    # host folders mounted read-only at the same path (Python installation)
+    python: str                    # the interpreter, as the run names it (a venv's bin/python: not resolved)
+    trees: list                    # host folders mounted read-only at the same path (Python installation),
+                                   # or [host folder, path inside] pairs
     argv: list                     # the runner's command line (inside the sandbox)
     env: dict
     uid: int
@@ -112,8 +113,17 @@ def choose(requested: str = "auto") -> str:
     return "sandbox"
 
 
+def interpreter() -> str:
+    """The interpreter this run uses, as it was started (not its real path): a virtual
+    environment's ``bin/python`` is a link to the base interpreter, and only started through
+    the link does Python find the environment's ``pyvenv.cfg``, and so its packages."""
+    return os.path.abspath(sys.executable)
+
+
 def python_trees() -> list:
-    """The folders the interpreter and its packages live in (real paths, outermost only)."""
+    """The folders the interpreter and its packages live in: each a host folder (real path,
+    outermost only) mounted read-only at the same path, or a pair [real path, path] where the
+    interpreter is reached through a link (a virtual environment found through a linked folder)."""
     import site
     cands = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     try:
@@ -128,6 +138,10 @@ def python_trees() -> list:
         if any(p == s or p.startswith(s + "/") for s in SYSTEM_DIRS):
             continue                      # already mounted with the system folders
         out.append(p)
+    # the interpreter's own folder as the run names it (a venv's bin/ reached through a linked folder)
+    named = os.path.dirname(os.path.dirname(interpreter()))
+    if os.path.realpath(named) != named and not any(named == s or named.startswith(s + "/") for s in SYSTEM_DIRS):
+        out.append([os.path.realpath(named), named])
     return out
 
 
@@ -326,7 +340,8 @@ def _build_root(plan: Plan):
     _mount("tmpfs", new + HOME, "tmpfs", MS_NOSUID | MS_NODEV,
            f"size={lim.home},mode=0700,uid={plan.uid},gid={plan.gid}")
     for t in plan.trees:                # after the tmpfs mounts, so that none of them hides a tree
-        _bind(t, new + t)
+        src, dst = (t, t) if isinstance(t, str) else t
+        _bind(src, new + dst)
     _bind(plan.pkg, new + PKG + "/flashlab")
     _bind(plan.ctl, new + CTL, extra=MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot(new)

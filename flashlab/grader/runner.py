@@ -1,7 +1,7 @@
 """Inside a submission's sandbox: execute the notebook with nbclient, report cell errors.
 
-Run as a script by the batch grader (``python -s runner.py NOTEBOOK TIMEOUT``, or
-``runner.py --selftest``).  It is as untrusted as the notebook it runs: what it
+Run as a script by the batch grader (``python -s runner.py NOTEBOOK TIMEOUT KERNEL``; its
+self-test is a notebook of its own run the same way).  It is as untrusted as the notebook it runs: what it
 reports (which cell raised what) only fills the table's "detail" column; verdicts
 come from the grader's own comparisons (see ``protocol.py``).
 """
@@ -78,29 +78,5 @@ def run(path: str, timeout: float, kernel_name: str) -> int:
     return 0
 
 
-def selftest() -> int:
-    """Prove the sandbox works before any notebook runs: imports, identity, no writes where there must be none."""
-    import importlib.util
-    import json
-    checks = {"uid": os.getuid(), "python": sys.executable}
-    for mod in ("ipykernel", "nbclient", "numpy", "torch", "flashlab"):
-        spec = importlib.util.find_spec(mod)
-        checks[mod] = os.path.dirname(spec.origin) if spec and spec.origin else None
-    try:
-        with open(os.path.join(checks["flashlab"], "__init__.py"), "a"):
-            checks["flashlab_writable"] = True
-    except OSError:
-        checks["flashlab_writable"] = False
-    try:
-        socket.create_connection(("1.1.1.1", 53), timeout=2).close()
-        checks["network"] = True
-    except OSError:
-        checks["network"] = False
-    print("SELFTEST " + json.dumps(checks), flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--selftest"]:
-        sys.exit(selftest())
     sys.exit(run(sys.argv[1], float(sys.argv[2]), sys.argv[3]))

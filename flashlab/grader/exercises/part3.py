@@ -1,0 +1,155 @@
+"""Part 3 (notebook 07, Triton): flash_backward, f(q, k, v, o, lse, do, dq, dk, dv, causal) -> None.
+
+The cases are part 2's kernel cases with a dO, plus the ones only a backward can get wrong; O and
+LSE come from the float64 reference.  Known mistakes: :mod:`flashlab.grader.bugs_backward`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ... import device
+from ... import reference as R
+from .. import bugs_backward as BB
+from ..core import Bug, Case, Exercise
+from ..memory import Padded, output_buffer, padded, stray_writes, unwritten
+from . import register
+from .part2 import _TORCH_DTYPES, _f64, _fwd_ref, _input_strays, _kernel_cases, _kernel_locate, _kernel_tol, _sync
+
+def _bwd_inputs(case):
+    """O (in the input dtype) and LSE (float32) from the float64 reference, as the forward would give."""
+    ref = _fwd_ref(case)
+    q = case.inputs["q"]
+    return (torch.from_numpy(ref["o"]).to(device=q.device, dtype=q.dtype),
+            torch.from_numpy(ref["lse"]).to(device=q.device, dtype=torch.float32))
+
+
+def _bwd_cases(rng):
+    """The shared kernel cases (with a dO), plus the ones only a backward can get wrong."""
+    cases = _kernel_cases(rng, backward=True)
+    spec = [  # B, H, Nq, Nk, D, causal, dtype, max |S| (None: ordinary data), dO layout
+        (1, 2, 40, 100, 16, True, "fp32", None, "bhnd"),    # keys 40..99 are seen by no query: dK = dV = 0, written
+        (1, 1, 48, 48, 32, True, "fp32", 1000.0, "bhnd"),   # |S| ~ 1000: P = e^(S - L) must subtract first
+        (2, 2, 45, 45, 16, False, "fp32", None, "bnhd"),    # dO non-contiguous: a (B, N, H, D) buffer, transposed
+        (1, 1, 33, 50, 128, True, "fp16", None, "bhnd"),    # D = 128
+    ]
+    if device.DEVICE.type == "cuda":  # realistic sizes; bf16 only means something on a GPU
+        spec.append((1, 2, 200, 1000, 64, True, "fp16", None, "bhnd"))
+        spec.append((2, 2, 300, 400, 128, True, "bf16", None, "bnhd"))
+        spec.append((1, 2, 256, 256, 16, False, "bf16", None, "bhnd"))
+    for b, h, nq, nk, d, causal, dt, s_max, layout in spec:
+        q, k, v, do = (rng.standard_normal((b, h, n, d)) for n in (nq, nk, nk, nq))
+        if s_max is not None:  # scale Q so that the largest |S_ij| is s_max
+            q = q * (s_max / (np.abs(np.einsum("bhid,bhjd->bhij", q, k)).max() / math.sqrt(d)))
+        dtype = _TORCH_DTYPES[dt]
+        t = {n: torch.from_numpy(x).to(device=device.DEVICE, dtype=dtype)
+             for n, x in (("q", q), ("k", k), ("v", v), ("do", do))}
+        params = {"B": b, "H": h, "Nq": nq, "Nk": nk, "D": d, "causal": causal, "dtype": dt}
+        if layout != "bhnd":
+            params["dO layout"] = layout
+        cases.append(Case(params, t, False, s_max is not None))
+    for case in cases:
+        case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
+    return cases
+
+
+def _bwd_tol(case, name, ref):
+    """The kernel tolerance, plus the recomputed-P term of the accuracy rule: every P_ij of row i carries
+    the float32 rounding of L_i, |L_i| 2^-24 (visible only when |S| is in the hundreds)."""
+    lse_max = float(case.inputs["lse"].abs().max()) if "lse" in case.inputs else 0.0
+    mag = max(1.0, float(np.nanmax(np.abs(np.where(np.isfinite(ref), ref, 0)))))
+    # half precision with large logits: P and dS are rounded to 16 bits before the dK/dQ products, and a
+    # row's few dominant probabilities carry that rounding whole (the canonical kernel reached 1.7e-2 of the
+    # largest |dK| on about one draw in 30 at |S| ~ 100): twice the kernel tolerance there
+    widen = 2.0 if case.large and case.params["dtype"] in ("fp16", "bf16") else 1.0
+    return widen * _kernel_tol(case, name, ref) + 4 * lse_max * 2.0**-24 * mag
+
+
+def _bwd_do_buffer(case):
+    """dO inside poisoned padding; for the layout "bnhd" its buffer is (B, N, H, D), handed over transposed
+    to (B, H, N, D): strides unlike those of q and o (as autograd can hand a backward)."""
+    do = case.inputs["do"]
+    if case.params.get("dO layout") != "bnhd":
+        return padded("do", do)
+    buf = padded("do", do.transpose(1, 2), row_dim=1)
+    return Padded("do", buf.flat, buf.view.transpose(1, 2), buf.fill)
+
+
+def _bwd_run(f, case):
+    p = case.params
+    if "o" not in case.inputs:
+        case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
+    ins = {n: padded(n, case.inputs[n], row_dim=-1 if n == "lse" else -2) for n in ("q", "k", "v", "o", "lse")}
+    ins["do"] = _bwd_do_buffer(case)
+    outs = {n: output_buffer(n, case.inputs[src].shape, case.inputs[src].dtype, device.DEVICE)
+            for n, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+    f(ins["q"].view, ins["k"].view, ins["v"].view, ins["o"].view, ins["lse"].view, ins["do"].view,
+      outs["dq"].view, outs["dk"].view, outs["dv"].view, p["causal"])
+    _sync()
+    strays = [s for s in (stray_writes(b) for b in outs.values()) if s] + _input_strays(ins, case)
+    res = {n: _f64(b.view) for n, b in outs.items()}
+    res["_stray"] = [str(s) for s in strays]
+    res["_unwritten"] = {n: unwritten(b).cpu().numpy() for n, b in outs.items()}
+    for n in ("dq", "dk", "dv"):      # what was never written is NaN, not the sentinel, for the diagnosis
+        res[n][res["_unwritten"][n]] = np.nan
+    return res
+
+
+def _bwd_per_slice(case, fn):
+    q, k, v, do = (_f64(case.inputs[n]) for n in ("q", "k", "v", "do"))
+    p = case.params
+    s = 1.0 / math.sqrt(p["D"])
+    out = {n: np.empty(t.shape) for n, t in (("dq", q), ("dk", k), ("dv", v))}
+    for b in range(p["B"]):
+        for h in range(p["H"]):
+            res = fn(q[b, h], k[b, h], v[b, h], do[b, h], p["causal"], s)
+            if res is None:
+                return None
+            for n, g in zip(("dq", "dk", "dv"), res):
+                out[n][b, h] = g
+    return out
+
+
+def _bwd_ref(case):
+    return _bwd_per_slice(case, lambda q, k, v, do, c, s: R.attention_backward_naive(q, k, v, do, c, s))
+
+
+def _bwd_variants(case, variants):
+    """Every variant of one mistake on this case, as the grader's output dicts (None: does not apply)."""
+    q, k, v, do = (_f64(case.inputs[n]) for n in ("q", "k", "v", "do"))
+    p = case.params
+    s = 1.0 / math.sqrt(p["D"])
+    per = [[variants(q[b, h], k[b, h], v[b, h], do[b, h], p["causal"], s) for h in range(p["H"])]
+           for b in range(p["B"])]
+    if any(alts is None for row in per for alts in row):
+        return None
+    n_alt = min(len(alts) for row in per for alts in row)
+    out = []
+    for a in range(n_alt):
+        alt = {n: np.empty(_f64(case.inputs[src]).shape) for n, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
+        for b in range(p["B"]):
+            for h in range(p["H"]):
+                for n, g in zip(("dq", "dk", "dv"), per[b][h][a]):
+                    alt[n][b, h] = g
+        out.append(alt)
+    return out or None
+
+
+def _bwd_bugs():
+    return [Bug(key, title, hint, (lambda var: lambda case: _bwd_variants(case, var))(var))
+            for key, title, hint, var in BB.backward_bug_variants()]
+
+
+# ----------------------------------------------------------------------------
+# the exercise of part 3
+# ----------------------------------------------------------------------------
+
+register(Exercise(
+    "flash_backward",
+    "f(q, k, v, o, lse, do, dq, dk, dv, causal) -> None. torch; Triton kernels write dQ, dK, dV "
+                          "into dq, dk, dv in place. The tensors are views with padding around them: use their strides. "
+                          "Scratch you allocate yourself (e.g. Delta) is not guarded by the grader's padding.",
+    _bwd_cases, _bwd_run, _bwd_ref, _bwd_tol, _kernel_locate, _bwd_bugs(), isolate=device.INTERPRET,
+    timeout=240.0, notebook="07", needs_triton=True))
