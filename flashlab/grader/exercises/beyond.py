@@ -11,7 +11,7 @@ indices, and one ring step in one process.
   zigzag and contiguous rings; reference :func:`flashlab.reference.ring_step`.
 
 Each exercise is declared once here (contract, cases, run, reference, tolerance, locate, known
-bugs); ``EXERCISES`` maps its name to the :class:`~flashlab.grader.core.Exercise`.
+bugs, requirements) and registered in :data:`flashlab.grader.exercises.EXERCISES`.
 """
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ import numpy as np
 from ... import reference as R
 from ...distributed import layout as L
 from ..core import Bug, Case, Exercise
+from . import register
 
-NUMPY_LIMITS = dict(timeout=60.0, budget=100.0, dtype="float64")
+NUMPY_LIMITS = dict(timeout=60.0, budget=100.0, dtype="float64", notebook="09",
+                    requirements=("no call to flashlab.reference, flashlab.attention or flashlab.distributed",))
 
 CONTRACTS = {
     "merge_partials": (
@@ -424,14 +426,12 @@ RING_BUGS = [
 ]
 
 
-EXERCISES = {
-    "merge_partials": Exercise(
-        "merge_partials", CONTRACTS["merge_partials"], _merge_cases, _merge_run, _merge_ref, _tol,
-        lambda case, name, idx: f"row {idx[0]}", MERGE_BUGS, **NUMPY_LIMITS),
-    "zigzag_indices": Exercise(
-        "zigzag_indices", CONTRACTS["zigzag_indices"], _zz_cases, _zz_run, _zz_ref, lambda c, n, r: 0.0,
-        _zz_locate, ZZ_BUGS, **NUMPY_LIMITS),
-    "ring_step": Exercise(
-        "ring_step", CONTRACTS["ring_step"], _ring_cases, _ring_run, _ring_ref, _tol, _ring_locate, RING_BUGS,
-        **NUMPY_LIMITS),
-}
+register(Exercise(
+    "merge_partials", CONTRACTS["merge_partials"], _merge_cases, _merge_run, _merge_ref, _tol,
+    lambda case, name, idx: f"row {idx[0]}", MERGE_BUGS, **NUMPY_LIMITS))
+register(Exercise(
+    "zigzag_indices", CONTRACTS["zigzag_indices"], _zz_cases, _zz_run, _zz_ref, lambda c, n, r: 0.0,
+    _zz_locate, ZZ_BUGS, **NUMPY_LIMITS))
+register(Exercise(
+    "ring_step", CONTRACTS["ring_step"], _ring_cases, _ring_run, _ring_ref, _tol, _ring_locate, RING_BUGS,
+    **NUMPY_LIMITS))
