@@ -118,7 +118,7 @@ def main():
 
     # a one-process ring against the op, for the record (correctness, not speed)
     qs = torch.randn(1, 8, 4096, 128, device="cuda", dtype=dtype)
-    ks, vs = torch.randn(1, 2, 4096, 128, device="cuda", dtype=dtype), torch.randn(1, 2, 4096, 128, device="cuda", dtype=dtype)
+    ks, vs = (torch.randn(1, 2, 4096, 128, device="cuda", dtype=dtype) for _ in range(2))
     check = {}
     for layout in ("zigzag", "contiguous"):
         o, lse = simulate_ring(qs, ks, vs, 4, True, layout=layout)

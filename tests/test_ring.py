@@ -231,7 +231,8 @@ def _errors_on_rank(rank, world):
     for call, words in (
             (lambda: ring_attention(x, x, x), "must be even"),
             (lambda: ring_attention(x, x[:, :1, :4], x[:, :1, :4], layout="contiguous"), "same length"),
-            (lambda: ring_attention(torch.randn(1, 3, 4, 16), x[:, :, :4], x[:, :, :4]), "multiple of the key/value heads"),
+            (lambda: ring_attention(torch.randn(1, 3, 4, 16), x[:, :, :4], x[:, :, :4]),
+             "multiple of the key/value heads"),
             (lambda: ring_attention(x, x, x, layout="diagonal"), "layout must be one of")):
         try:
             call()
