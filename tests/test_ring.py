@@ -176,8 +176,9 @@ def test_ring_simulated_in_one_process_with_the_kernels(layout):
 # the ring on gloo processes
 # ----------------------------------------------------------------------------
 
-def _ring_cases(rank, world, cases):
-    """Run each case on this rank; return a list of failure messages (empty: all good)."""
+def _ring_cases(rank, world, cases, group=None):
+    """Run each case on this rank (of ``group``: rank and world in it); return a list of failure
+    messages (empty: all good)."""
     import flashlab
     from flashlab.accuracy import judge, reference_outputs
     from flashlab.distributed import all_gather_sequence, ring_attention
@@ -192,9 +193,10 @@ def _ring_cases(rank, world, cases):
         Q, K, V, dO = (t.to(dtype) for t in (Q, K, V, dO))
         q, k, v, do = (shard(t, rank, world, layout) for t in (Q, K, V, dO))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        o, lse = ring_attention(q, k, v, is_causal=causal, layout=layout, return_lse=True)
+        o, lse = ring_attention(q, k, v, is_causal=causal, layout=layout, return_lse=True, group=group)
         o.backward(do)
-        got = [all_gather_sequence(t, layout) for t in (o.detach(), lse[..., None], q.grad, k.grad, v.grad)]
+        got = [all_gather_sequence(t, layout, group=group)
+               for t in (o.detach(), lse[..., None], q.grad, k.grad, v.grad)]
         got[1] = got[1][..., 0]
         grp = H // Hkv
         Ke, Ve = (t.repeat_interleave(grp, 1) for t in (K, V))
@@ -240,6 +242,10 @@ def _errors_on_rank(rank, world):
         except (ValueError, TypeError) as e:
             if words not in str(e):
                 said.append(f"{words!r} not in {e}")
+    y = torch.randn(1, 2, 4, 16)
+    out = ring_attention(y, y, y, causal=True)              # the alias; no LSE unless asked
+    if not (isinstance(out, torch.Tensor) and out.shape == y.shape):
+        said.append(f"ring_attention without return_lse returned {type(out).__name__}")
     return said
 
 
@@ -264,9 +270,18 @@ def test_ring_two_ranks_both_layouts_causal_and_not_fwd_bwd():
 def test_ring_four_ranks():
     from flashlab.distributed.local import run_local
     cases = [_case(N=64, seed=11), _case(N=48, layout="contiguous", causal=True, H=2, Hkv=1, seed=12)]
-    outs = run_local(lambda r, w: _ring_cases(r, w, cases), 4, timeout=240)
+    outs = run_local(lambda r, w: _ring_cases(r, w, cases) + _two_rings(r, w), 4, timeout=240)
     bad = [m for o in outs for m in o]
     assert not bad, "\n".join(bad)
+
+
+def _two_rings(rank, world):
+    """Ranks {0, 1} and {2, 3} as two process groups, each running its own ring (peers are named by
+    their global rank in the P2P calls: this checks the translation)."""
+    import torch.distributed as dist
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[rank // 2]
+    return _ring_cases(dist.get_rank(mine), 2, [_case(N=24, seed=13 + rank // 2, layout="zigzag")], group=mine)
 
 
 def test_ring_without_a_process_group_says_so():
@@ -289,7 +304,7 @@ def test_a_hung_rank_is_stopped():
         time.sleep(60)
         return rank
     with pytest.raises(TimeoutError, match="did not finish"):
-        run_local(hang, 2, timeout=8)
+        run_local(hang, 2, timeout=4)
 
 
 # ----------------------------------------------------------------------------
