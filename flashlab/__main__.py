@@ -1,4 +1,4 @@
-"""Command line: python -m flashlab {env,bench,demo,grade,assign}."""
+"""Command line: python -m flashlab {env,plan,bench,demo,grade,assign}."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +20,20 @@ def _bench(args):
 
     from . import bench
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+    if args.overhead:
+        B, H, N, D = (int(x) for x in args.overhead_shape.split(","))
+        rows = []
+        for causal in args.causal if args.causal_given else [False]:
+            rows += bench.overhead(B, H, N, D, [dtypes[d] for d in (args.dtypes if args.dtypes_given else
+                                                                      ["fp16", "bf16"])], causal, args.calls)
+        print(bench.format_overhead(rows))
+        from .kernels import tiles
+        print(f"flashlab's launches: {tiles.STATS['fast']} through the compiled kernels' runners, "
+              f"{tiles.STATS['jit']} through Triton's launch path")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([bench.asdict(r) for r in rows], f, indent=1)
+        return 0
     rows = []
     for mode in args.modes:
         for dt in args.dtypes:
@@ -36,12 +50,53 @@ def _bench(args):
     return 0
 
 
+def _plan(args):
+    import torch
+
+    from . import device
+    device.require_triton("python -m flashlab plan")
+    from .kernels import plan as P
+    try:
+        B, H, N, D = (int(x) for x in args.shape.split(","))
+    except ValueError:
+        print(f"--shape must be B,H,N,D (four integers), got {args.shape!r}", file=sys.stderr)
+        return 2
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    facts = P.device_facts() if args.device == "here" else P.SIMULATED[args.device]
+    notes = []
+    dk = P.kernel_head_dim(D)
+    if dk != D:
+        notes.append(f"head dim {D} is zero-padded to {dk} for the kernels")
+    if dtype == torch.bfloat16 and facts.interpret:
+        dtype = torch.float32
+        notes.append("bf16 runs as fp32 in the interpreter (its bf16 tl.dot is wrong); the output is bf16")
+    layout = P.Layout(tma=not args.no_tma, no_zero_stride=not args.kv_expanded)
+    p = P.plan(B, H, N, args.nk or N, dk, dtype, args.causal, layout=layout, facts=facts,
+               deterministic=args.deterministic or None)
+    print(p)
+    for n in notes:
+        print("  note:", n)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("env", help="print the environment report (GPU or interpreter, versions)")
     p.set_defaults(func=_env)
+
+    p = sub.add_parser("plan", help="print the launch plan: which kernels, tiles and grids run for a shape, and why")
+    p.add_argument("--shape", required=True, help="B,H,N,D (N: the query length)")
+    p.add_argument("--nk", type=int, help="key length (default: N)")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    p.add_argument("--device", default="here", choices=["here", "t4", "l4", "a100", "h200"],
+                   help="plan for this machine (default) or for a simulated GPU")
+    p.add_argument("--kv-expanded", action="store_true", help="K, V expanded over heads (a stride 0)")
+    p.add_argument("--no-tma", action="store_true", help="strides that tensor descriptors cannot take")
+    p.add_argument("--deterministic", action="store_true", help="as under torch.use_deterministic_algorithms")
+    p.set_defaults(func=_plan)
 
     from . import device
     if device.TRITON:
@@ -56,6 +111,11 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
     p.add_argument("--causal", nargs="+", type=lambda s: s.lower() in ("1", "true", "yes"), default=[False, True])
     p.add_argument("--json", help="also write the rows to this JSON file")
+    p.add_argument("--overhead", action="store_true",
+                   help="host cost instead: wall clock per call, back to back, at a tiny shape, beside SDPA "
+                        "(fwd and fwd+bwd; default fp16 and bf16, non-causal)")
+    p.add_argument("--overhead-shape", default="1,1,128,64", help="B,H,N,D for --overhead")
+    p.add_argument("--calls", type=int, default=2000, help="back-to-back calls per repeat for --overhead")
     p.set_defaults(func=_bench)
 
     from . import demo
@@ -64,7 +124,9 @@ def main(argv=None) -> int:
     from .grader import cli as grader_cli
     grader_cli.add_commands(sub)
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.causal_given, args.dtypes_given = "--causal" in argv, "--dtypes" in argv
     try:
         return args.func(args)
     except device.TritonMissing as e:   # a laptop without Triton: say so, no traceback

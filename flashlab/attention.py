@@ -10,8 +10,13 @@ What happens around the kernels:
     not change Q K^T, and the padded columns of O are cut off);
   * bf16 in the interpreter is upcast to fp32 (the interpreter's bf16 ``tl.dot`` is wrong);
   * fp32 is true fp32 (IEEE dot products) unless ``allow_tf32=True``;
-  * autograd: an ``autograd.Function`` in eager mode; under ``torch.compile`` the same host code
-    runs as the custom operators of :mod:`flashlab.op`, which the compiler treats as opaque nodes.
+  * under ``torch.autocast``, as SDPA: the inputs are cast to the autocast dtype and so is the output;
+  * autograd: an ``autograd.Function`` in eager mode (none when nothing needs a gradient); under
+    ``torch.compile`` the same host code runs as the custom operators of :mod:`flashlab.op`, which
+    the compiler treats as opaque nodes;
+  * the host cost per call is kept near SDPA's: inputs are checked once per kind (shapes, dtypes,
+    devices), each kind of call keeps its launch plan and its compiled kernels' runners
+    (``_FWD`` / ``_BWD``, keyed by shapes, strides and alignment), and no no-op pad or cast runs.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import device
-from .kernels import launch_backward, launch_forward
+from .kernels.plan import BACKWARD, FORWARD, kernel_head_dim, plan_for
 
 __all__ = ["flash_attention", "check_inputs", "MAX_HEAD_DIM"]
 
@@ -70,7 +75,7 @@ def check_inputs(q, k, v, scale=None) -> None:
 
 
 def _kernel_head_dim(d: int) -> int:
-    return max(16, 1 << (d - 1).bit_length())
+    return kernel_head_dim(d)
 
 
 def _prepare(t: torch.Tensor, d_kernel: int, compute_dtype: torch.dtype) -> torch.Tensor:
@@ -89,28 +94,89 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+class _Call:
+    """One kind of call made ready: its plan, whether inputs need padding or a cast, the output shapes, and the
+    compiled kernels' runners (kept per exact shapes, strides and alignment: the call cache's key).  A forward
+    call keeps the backward calls of its outputs (``bwd``, keyed by dO's strides and alignment)."""
+    __slots__ = ("plan", "prep", "d", "dk", "cdt", "dtype", "launch", "runners", "o_shape", "lse_shape", "device",
+                 "causal", "allow_tf32", "bwd")
+
+    def __init__(self, q, k, v, causal, allow_tf32, backward, extra=()):
+        self.d, self.dtype, self.device = q.shape[-1], q.dtype, q.device
+        self.dk, self.cdt = kernel_head_dim(self.d), _compute_dtype(q.dtype)
+        self.prep = self.dk != self.d or self.cdt != self.dtype
+        self.causal, self.allow_tf32 = causal, allow_tf32
+        qp, kp, vp, *xp = (_prepare(t, self.dk, self.cdt) for t in (q, k, v, *extra))
+        self.plan = plan_for(qp, kp, vp, causal, allow_tf32=allow_tf32, extra=tuple(xp))
+        mods = BACKWARD if backward else FORWARD
+        self.launch = mods[self.plan.bwd_version if backward else self.plan.fwd_version].launch
+        self.runners = {}
+        B, H, Nq = q.shape[:3]
+        self.o_shape, self.lse_shape = (B, H, Nq, self.dk), (B, H, Nq)
+        self.bwd = {}
+
+    def forward(self, q, k, v, scale):
+        if self.prep:
+            q, k, v = (_prepare(t, self.dk, self.cdt) for t in (q, k, v))
+        o = torch.empty(self.o_shape, device=self.device, dtype=self.cdt)
+        lse = torch.empty(self.lse_shape, device=self.device, dtype=torch.float32)
+        self.launch(self.plan, q, k, v, o, lse, scale, self.runners)
+        if self.prep:
+            o = o[..., :self.d].to(self.dtype)
+        return o, lse
+
+    def backward(self, q, k, v, o, lse, do, scale):
+        if self.prep:
+            q, k, v, o, do = (_prepare(t, self.dk, self.cdt) for t in (q, k, v, o, do))
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self.launch(self.plan, q, k, v, o, lse, do, dq, dk, dv, scale, self.runners)
+        if self.prep:
+            return dq[..., :self.d].to(self.dtype), dk[..., :self.d].to(self.dtype), dv[..., :self.d].to(self.dtype)
+        return dq, dk, dv
+
+    def backward_of(self, q, k, v, o, lse, do):
+        """The backward call for this forward's outputs and this dO (o and lse are the forward's own)."""
+        key = (do.stride(), do.data_ptr() & 15, torch.are_deterministic_algorithms_enabled())
+        c = self.bwd.get(key)
+        if c is None:
+            c = self.bwd[key] = _Call(q, k, v, self.causal, self.allow_tf32, True, (do,))
+        return c
+
+
+_FWD: dict = {}   # exact key (shapes, strides, dtypes, devices, flags, alignment) -> forward _Call
+_BWD: dict = {}   # the same for _backward called on its own (torch.ops.flashlab.attention_backward)
+
+
+def _fwd_call(q, k, v, causal: bool, allow_tf32: bool) -> _Call:
+    """The forward call for these inputs; inputs of a kind not seen before are checked first (check_inputs)."""
+    try:
+        key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+               k.device, v.device, causal, allow_tf32,
+               (q.data_ptr() & 15) | (k.data_ptr() & 15) << 4 | (v.data_ptr() & 15) << 8)
+    except AttributeError:   # not tensors: check_inputs says so
+        check_inputs(q, k, v)
+        raise
+    c = _FWD.get(key)
+    if c is None:
+        check_inputs(q, k, v)
+        c = _FWD[key] = _Call(q, k, v, causal, allow_tf32, False)
+    return c
+
+
 def _forward(q, k, v, causal: bool, scale: float, allow_tf32: bool):
     """Run the forward kernel: (o in q's dtype, lse float32)."""
-    D = q.shape[-1]
-    dk_ = _kernel_head_dim(D)
-    cdt = _compute_dtype(q.dtype)
-    qp, kp, vp = (_prepare(t, dk_, cdt) for t in (q, k, v))
-    B, H, Nq, _ = q.shape
-    o = torch.empty((B, H, Nq, dk_), device=q.device, dtype=cdt)
-    lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
-    launch_forward(qp, kp, vp, o, lse, causal, scale, allow_tf32=allow_tf32)
-    return o[..., :D].to(q.dtype), lse
+    return _fwd_call(q, k, v, causal, allow_tf32).forward(q, k, v, scale)
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, allow_tf32: bool):
     """Run the backward kernels: (dq, dk, dv) in q's dtype.  ``o`` and ``lse`` are the forward's outputs."""
-    D = q.shape[-1]
-    dk_ = _kernel_head_dim(D)
-    cdt = _compute_dtype(q.dtype)
-    qp, kp, vp, o, do = (_prepare(t, dk_, cdt) for t in (q, k, v, o, do))
-    dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
-    launch_backward(qp, kp, vp, o, lse, do, dq, dk, dv, causal, scale, allow_tf32=allow_tf32)
-    return dq[..., :D].to(q.dtype), dk[..., :D].to(q.dtype), dv[..., :D].to(q.dtype)
+    key = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), do.stride(), lse.stride(), q.dtype,
+           q.device, causal, allow_tf32, torch.are_deterministic_algorithms_enabled(),
+           tuple(t.data_ptr() & 15 for t in (q, k, v, o, do, lse)))
+    c = _BWD.get(key)
+    if c is None:
+        c = _BWD[key] = _Call(q, k, v, causal, allow_tf32, True, (do,))
+    return c.backward(q, k, v, o, lse, do, scale)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -118,18 +184,72 @@ class _FlashAttention(torch.autograd.Function):
     (measured: tens of microseconds less per call, which matters when a kernel takes as little)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, allow_tf32):
-        o, lse = _forward(q, k, v, causal, scale, allow_tf32)
+    def forward(ctx, q, k, v, call, scale):
+        o, lse = call.forward(q, k, v, scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.allow_tf32 = causal, scale, allow_tf32
+        ctx.call, ctx.scale = call, scale
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.allow_tf32)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = ctx.call.backward_of(q, k, v, o, lse, do).backward(q, k, v, o, lse, do, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+# Function.apply's Python wrapper unwraps functorch's dead wrappers with a pytree walk on every call (microseconds);
+# outside functorch transforms the C implementation underneath is what it calls.
+_apply_c = super(torch.autograd.Function, _FlashAttention).apply
+_functorch_active = torch._C._are_functorch_transforms_active
+
+try:
+    _any_autocast = torch._C._is_any_autocast_enabled
+except AttributeError:  # pragma: no cover - older torch
+    def _any_autocast():
+        return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+def autocast_dtype(device_type: str):
+    """The dtype autocast runs SDPA in on this device type now, or None when autocast is off there."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+def _autocast(q, k, v):
+    """Under torch.autocast, what SDPA does: floating inputs in the autocast dtype (their grads flow back)."""
+    dt = autocast_dtype(q.device.type)
+    if dt is None or (q.dtype == k.dtype == v.dtype == dt):
+        return q, k, v
+    q, k, v = (t.to(dt) if t.dtype in _DTYPES else t for t in (q, k, v))
+    check_inputs(q, k, v)      # bf16 where the GPU has none says so
+    return q, k, v
+
+
+def _attention(q, k, v, causal, scale, allow_tf32):
+    """flash_attention's work between its arguments and the kernels: validation (once per kind of input),
+    autocast, the default scale, autograd.  Returns (o, lse)."""
+    if torch.compiler.is_compiling():  # one opaque custom op for the compiler (flashlab/op.py): no graph break
+        check_inputs(q, k, v, scale)   # (autocast: the op's own autocast rule, flashlab/op.py)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        return torch.ops.flashlab.attention_forward(q, k, v, bool(causal), scale, bool(allow_tf32))
+    if _any_autocast():
+        check_inputs(q, k, v, scale)
+        q, k, v = _autocast(q, k, v)
+    call = _fwd_call(q, k, v, causal is True or bool(causal), allow_tf32 is True or bool(allow_tf32))
+    if scale is None:
+        scale = 1.0 / math.sqrt(call.d)
+    elif isinstance(scale, float) and 0.0 < scale < math.inf:
+        pass
+    else:
+        check_inputs(q, k, v, scale)
+        scale = float(scale)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if _functorch_active():
+            return _FlashAttention.apply(q, k, v, call, scale)
+        return _apply_c(q, k, v, call, scale)
+    return call.forward(q, k, v, scale)   # nothing to differentiate: no autograd node
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
@@ -150,10 +270,5 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
 
     Does not do: dropout, attention bias or arbitrary masks, GQA (k/v with fewer heads).
     """
-    check_inputs(q, k, v, scale)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if torch.compiler.is_compiling():  # one opaque custom op for the compiler (flashlab/op.py): no graph break
-        o, lse = torch.ops.flashlab.attention_forward(q, k, v, bool(causal), scale, bool(allow_tf32))
-    else:
-        o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale, bool(allow_tf32))
+    o, lse = _attention(q, k, v, causal, scale, allow_tf32)
     return (o, lse) if return_lse else o

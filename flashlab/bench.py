@@ -209,3 +209,89 @@ def _recorded_kernels():
 # fp16 TFLOP/s on one H200, 2026-11-30 (docs/BENCHMARKS.md): flashlab and SDPA's backends at
 # RECORDED_H200_SEQLENS, and each kernel version at N = 4096 and 16384.
 RECORDED_H200_SEQLENS, RECORDED_H200, RECORDED_H200_VERSIONS = _recorded_kernels()
+
+
+# ---------------------------------------------------------------- host cost per call (python -m flashlab bench --overhead)
+
+@dataclass
+class OverheadRow:
+    provider: str
+    mode: str            # "fwd" (inputs without grad) or "fwd+bwd" (torch.autograd.grad of the output)
+    dtype: str
+    causal: bool
+    B: int
+    H: int
+    N: int
+    D: int
+    us_per_call: float = math.nan   # wall clock per call, back to back (median of the repeats)
+    gpu_us: float = math.nan        # do_bench's median of the same call: what the GPU needs when not host-bound
+    ratio: float = math.nan         # us_per_call / SDPA's in the same run
+    status: str = "ok"
+
+
+def _wall_per_call(fn, calls: int, repeats: int) -> float:
+    import time
+    for _ in range(max(20, calls // 10)):    # warm-up: compile, fill caches
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        per.append((time.perf_counter() - t0) / calls * 1e6)
+    per.sort()
+    return per[len(per) // 2]
+
+
+def overhead(B=1, H=1, N=128, D=64, dtypes=(torch.float16, torch.bfloat16), causal=False, calls=2000, repeats=5,
+             providers=("sdpa", "flashlab")) -> list:
+    """Per-call wall clock of back-to-back calls at a problem whose GPU work is a few microseconds, so what is
+    measured is the host's work (validation, allocation, the launch path, autograd).  ``sdpa`` is PyTorch's
+    default choice of backend; every provider is first checked against a float32 reference."""
+    _require_gpu()
+    from triton.testing import do_bench
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for dtype in dtypes:
+        q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        tol = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 1e-3}[dtype]
+        base = {}
+        for mode in ("fwd", "fwd+bwd"):
+            for name in providers:
+                if name == "sdpa":
+                    f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                else:
+                    f = lambda q, k, v: flash_attention(q, k, v, causal)  # noqa: E731
+                row = OverheadRow(name, mode, str(dtype).replace("torch.", ""), causal, B, H, N, D)
+                rows.append(row)
+                try:
+                    err = (f(q, k, v).float() - ref).abs().max().item()
+                    if not err <= tol:
+                        row.status = f"WRONG (max error {err:.3g})"
+                        continue
+                    if mode == "fwd":
+                        call = lambda: f(q, k, v)  # noqa: E731
+                    else:
+                        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+                        call = lambda: torch.autograd.grad(f(qg, kg, vg), (qg, kg, vg), do)  # noqa: E731
+                    row.us_per_call = _wall_per_call(call, calls, repeats)
+                    row.gpu_us = do_bench(call, return_mode="median") * 1e3
+                except Exception as e:
+                    row.status = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+                    continue
+                base.setdefault(mode, row.us_per_call if name == "sdpa" else math.nan)
+                row.ratio = row.us_per_call / base.get(mode, math.nan)
+    return rows
+
+
+def format_overhead(rows) -> str:
+    head = (f"{'provider':<10}{'mode':<9}{'dtype':<10}{'causal':<7}{'shape (B,H,N,D)':<17}"
+            f"{'us/call':>9}{'x SDPA':>8}{'GPU us':>8}  status")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.provider:<10}{r.mode:<9}{r.dtype:<10}{str(r.causal):<7}{f'{r.B},{r.H},{r.N},{r.D}':<17}"
+                     f"{r.us_per_call:>9.1f}{r.ratio:>8.2f}{r.gpu_us:>8.1f}  {r.status}")
+    return "\n".join(lines)

@@ -70,3 +70,25 @@ def _backward(ctx, do, _dlse):
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------ autocast
+# As SDPA under torch.autocast: the forward runs in the autocast dtype (floating inputs cast to it) and
+# returns it.  One rule per device type, reading autocast's dtype at the call (torch.library.register_autocast
+# takes one fixed dtype).  The backward needs none: it receives the forward's (cast) tensors and their grads.
+
+def _autocast_rule(device_type: str):
+    key = getattr(torch._C.DispatchKey, "Autocast" + ("CPU" if device_type == "cpu" else "CUDA"))
+
+    def rule(_keyset, q, k, v, causal, scale, allow_tf32):
+        dt = torch.get_autocast_dtype(device_type)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            q, k, v = (t.to(dt) if t.dtype in (torch.float16, torch.bfloat16, torch.float32) else t for t in (q, k, v))
+            return attention_forward(q, k, v, causal, scale, allow_tf32)
+    return rule
+
+
+_lib = torch.library.Library("flashlab", "FRAGMENT")
+for _dev in ("cpu", "cuda"):
+    _lib.impl("attention_forward", _autocast_rule(_dev), "Autocast" + ("CPU" if _dev == "cpu" else "CUDA"),
+              with_keyset=True)

@@ -157,6 +157,62 @@ def test_bad_scale():
     q = torch.randn(1, 1, 4, 16, device=DEV)
     with pytest.raises(ValueError, match="scale"):
         flash_attention(q, q, q, scale=-1.0)
+    flash_attention(q, q, q, scale=0.5)                  # this kind of call is now checked and cached:
+    for bad in (-1.0, float("nan"), float("inf"), "2"):  # a bad scale is still refused
+        with pytest.raises(ValueError, match="scale"):
+            flash_attention(q, q, q, scale=bad)
+
+
+def test_checks_are_cached_per_kind_of_input_only(rng):
+    """A good call of one kind does not let a different kind through unchecked."""
+    q = torch.randn(1, 2, 8, 16, device=DEV)
+    flash_attention(q, q, q)
+    for make, exc, words in BAD:
+        try:
+            args = make(q)
+        except TypeError:
+            args = make(q.cpu())
+        with pytest.raises(exc, match=words):
+            flash_attention(*args)
+
+
+def _autocast_case(rng, compiled):
+    q, k, v = (_rand((1, 2, 40, 32), torch.float32).requires_grad_() for _ in range(3))
+    f = lambda q, k, v: flash_attention(q, k, v, causal=True)  # noqa: E731
+    if compiled:
+        torch._dynamo.reset()
+        f = torch.compile(f, fullgraph=True, backend="aot_eager")
+    with torch.autocast(DEV.type, dtype=torch.bfloat16):
+        o = f(q, k, v)
+    assert o.dtype == torch.bfloat16, o.dtype
+    # the computation is a bf16 one: the reference sees the inputs rounded to bf16
+    qb, kb, vb = (t.detach().to(torch.bfloat16).double() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True)
+    assert (o.double() - ref).abs().max() < 2e-2
+    do = torch.randn_like(o, dtype=torch.float32)
+    o.float().backward(do)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(qd, kd, vd, is_causal=True).backward(do.double())
+    for t, want in ((q, qd), (k, kd), (v, vd)):
+        assert t.grad.dtype == torch.float32 and (t.grad.double() - want.grad).abs().max() < 6e-2
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autocast_runs_in_the_autocast_dtype(rng, compiled):
+    """As SDPA: under torch.autocast(device, bfloat16) fp32 inputs run in bf16 and bf16 comes back (in the
+    interpreter bf16 is upcast inside, and still returned as bf16); gradients reach the fp32 inputs as fp32."""
+    _autocast_case(rng, compiled)
+
+
+@pytest.mark.gpu
+def test_gpu_autocast_matches_sdpa_dtype(rng):
+    q, k, v = (torch.randn(1, 2, 256, 64, device=DEV) for _ in range(3))
+    for dt in (torch.bfloat16, torch.float16):
+        with torch.autocast("cuda", dtype=dt):
+            o = flash_attention(q, k, v, causal=True)
+            ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert o.dtype == ref.dtype == dt
+        assert (o.float() - ref.float()).abs().max() < 2e-2
 
 
 @pytest.mark.gpu

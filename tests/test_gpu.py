@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from flashlab import bench, flash_attention, kernels
+from flashlab import attention, bench, flash_attention, kernels
 from flashlab.accuracy import check_attention
 
 pytestmark = pytest.mark.gpu
@@ -15,7 +15,12 @@ def hand_picked_configs(request, monkeypatch):
     this file checks.  The autotuned paths have their own GPU tests in test_kernels.py (the tuned
     launch, the tensor past 2^31 elements); a test marked ``autotune`` here keeps autotuning on."""
     if "autotune" not in request.keywords:
-        monkeypatch.setattr(kernels, "AUTOTUNE", False)
+        monkeypatch.setattr(kernels.tiles, "AUTOTUNE", False)
+        attention._FWD.clear()     # the calls made ready so far hold plans made with autotuning on
+        attention._BWD.clear()
+    yield
+    attention._FWD.clear()
+    attention._BWD.clear()
 
 
 def _fa(q, k, v, causal, scale):

@@ -97,12 +97,16 @@ def test_one_pass_hands_zero_strides_to_v3(rng, monkeypatch):
     q = _rand((B, H, N, D), torch.float16)
     k, v = (_rand((B, 1, N, D), torch.float16).expand(B, H, N, D) for _ in range(2))
     assert not kernels._host_desc_ok(k) and kernels._host_desc_ok(q)
+    p = kernels.plan.plan_for(q, k, v, True, backward_version="v4")
+    assert p.bwd_version == "v3" and "stride 0" in p.reasons["bwd"]
 
     def refuse(*a, **kw):
-        raise AssertionError("backward v4 got a tensor with stride 0")
-    monkeypatch.setattr(kernels, "flash_bwd_kernel_v4", type("K", (), {"__getitem__": lambda self, g: refuse,
-                                                                       "arg_names": []})())
+        raise RuntimeError("backward v4 ran")
+    from flashlab.kernels import backward_v4
+    monkeypatch.setattr(backward_v4, "launch", refuse)
     _assert_ok(check_attention(_op("v3", "v4"), q, k, v, True), "v4 on expanded K, V")
+    with pytest.raises(RuntimeError, match="v4 ran"):     # the same K, V made contiguous do reach v4
+        check_attention(_op("v3", "v4"), q, k.contiguous(), v.contiguous(), True)
 
 
 @pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)
@@ -194,23 +198,34 @@ def test_shared_memory_estimate_is_an_upper_bound(key):
 
 
 def test_fallback_when_out_of_resources():
-    """A config that does not fit (OutOfResources at launch) is skipped and the next one remembered."""
+    """A hand-picked config that does not fit (OutOfResources at launch) hands over to the step's next
+    candidate; the step (the plan) then says which ran, and later plans on this GPU start from it."""
+    from flashlab.kernels import plan as P, tiles
     tried = []
 
-    def launch(cfg):
-        tried.append(cfg)
-        if cfg.block_m > 64:
-            raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+    class Kern:   # a kernel as tiles.run sees one: arg_names, kern[grid](*args, **constexprs)
+        arg_names = ["X", "BLOCK_M", "BLOCK_N"]
 
-    key = ("test", "v0", 128, torch.float16, None)
-    kernels._CHOSEN.pop(key, None)
-    kernels._launch_first_that_fits(key, lambda: [C(128, 64), C(64, 64), C(32, 32)], launch)
-    assert tried == [C(128, 64), C(64, 64)] and kernels._CHOSEN[key] == C(64, 64)
-    kernels._launch_first_that_fits(key, lambda: [C(128, 64), C(64, 64)], launch)
+        def __getitem__(self, grid):
+            def go(*args, BLOCK_M, BLOCK_N, num_warps, num_stages):
+                tried.append(C(BLOCK_M, BLOCK_N, num_warps, num_stages))
+                if BLOCK_M > 64:
+                    raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+            return go
+
+    def step(cands):
+        return P.Step("test v0", "test", "v0", 128, 300, 2, cands[0], tuple(cands[1:]),
+                      tune_key=("test", "v0", torch.float16, None, 512, 128, False, "ieee"))
+    st = step([C(128, 64), C(64, 64), C(32, 32)])
+    tiles.run(st, Kern(), (0,), {}, st.grid_for)
+    assert tried == [C(128, 64), C(64, 64)] and st.config == C(64, 64) and st.verified
+    assert st.grid == (2 * 5,) and "ran out of resources" in st.describe()
+    tiles.run(st, Kern(), (0,), {}, st.grid_for)
     assert tried[-1] == C(64, 64) and len(tried) == 3
+    assert tiles.CHOSEN.pop(("test", "v0", 128, torch.float16, None)) == C(64, 64)
     with pytest.raises(RuntimeError, match="no tile config fits"):
-        kernels._launch_first_that_fits(("x",) + key[1:], lambda: [C(128, 64)], launch)
-    kernels._CHOSEN.pop(key, None)
+        st2 = step([C(128, 64)])
+        tiles.run(st2, Kern(), (0,), {}, st2.grid_for)
 
 
 def test_grid_is_one_axis_and_checked():

@@ -24,10 +24,13 @@ P = e^(S - L) is evaluated as 2^((S - L) log2 e): subtracting first keeps the er
 small when S and L are large (|S| ~ 1e3 costs 1e-4 in the exponent if S and L are
 converted to base 2 separately).
 """
+import torch
 import triton
 import triton.language as tl
 
+from . import tiles
 from .common import LOG2E_K as LOG2E
+from .tiles import C
 from .common import head_base, program_tile, tile_ptrs
 
 
@@ -168,3 +171,53 @@ def flash_bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(tile_ptrs(head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), start_m * BLOCK_M, offs_r, offs_d,
                        stride_dqm, stride_dqd), dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+def backward_configs(head_dim: int, dtype: torch.dtype) -> list:
+    """Hand-picked (dK/dV config, dQ config) pairs, best first (v1, and v2 where it does not autotune).
+
+    The dK/dV kernel keeps a K/V tile of block_n rows and streams Q tiles of block_m rows;
+    the dQ kernel keeps a Q tile of block_m rows and streams K/V tiles of block_n rows.
+    The first pairs for fp16/bf16 were picked by scripts/sweep_backward.py on an H200.
+    """
+    if dtype == torch.float32 or head_dim > 128:
+        return [(C(32, 32, 4, 1), C(32, 32, 4, 1)),
+                (C(16, 32, 4, 1), C(32, 16, 4, 1)), (C(16, 16, 4, 1), C(16, 16, 4, 1))]
+    if head_dim <= 64:
+        return [(C(32, 64, 4, 3), C(64, 32, 4, 3)), (C(32, 64, 4, 2), C(64, 32, 4, 2)),
+                (C(32, 32, 4, 1), C(32, 32, 4, 1))]
+    return [(C(64, 128, 8, 3), C(128, 64, 8, 3)), (C(64, 64, 4, 2), C(64, 64, 4, 2)),
+            (C(32, 64, 4, 2), C(64, 32, 4, 2)), (C(32, 32, 4, 1), C(32, 32, 4, 1))]
+
+
+SUPPORTS = frozenset()
+
+
+def config_lists(head_dim, dtype, limit, cc, auto=((), ())) -> dict:
+    """{"dkdv": ..., "dq": ...}: the pairs of which both fit ``limit``, split by kernel (``auto``: v2's lists)."""
+    pairs = tiles.fitting_pairs(backward_configs(head_dim, dtype), head_dim, dtype, limit, cc)
+    return {"dkdv": ([p[0] for p in pairs], list(auto[0])), "dq": ([p[1] for p in pairs], list(auto[1]))}
+
+
+def preprocess(plan, o, do, runners=None):
+    """The plan's first backward step: Delta (B, H, Nq) float32 = rowsum(dO * O)."""
+    delta = torch.empty((plan.B, plan.H, plan.Nq), device=o.device, dtype=torch.float32)
+    step = plan.backward[0]
+    tiles.run(step, flash_bwd_preprocess, (o, do, delta, *o.stride(), *do.stride(), plan.H, plan.Nq),
+              dict(HEAD_DIM=plan.D), step.grid_for, runners, "pre")
+    return delta
+
+
+def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
+    """Run the plan's backward steps: Delta, then dK/dV, then dQ, into ``dq``, ``dk``, ``dv``."""
+    delta = preprocess(plan, o, do, runners)
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    tail = (*lse.stride(), plan.H, plan.Nq, plan.Nk, scale)
+    kw = dict(CAUSAL=plan.causal, HEAD_DIM=plan.D, DOT_PRECISION=plan.dot_precision)
+    s_kv, s_q = plan.backward[1], plan.backward[2]
+    tiles.run(s_kv, flash_bwd_dkdv_kernel, (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *tail),
+              kw, s_kv.grid_for, runners, "dkdv")
+    tiles.run(s_q, flash_bwd_dq_kernel, (q, k, v, do, lse, delta, dq, *common, *dq.stride(), *tail),
+              kw, s_q.grid_for, runners, "dq")

@@ -21,7 +21,8 @@ Diff this file against backward.py.  Same three kernels, same math, no atomics; 
 import triton
 import triton.language as tl
 
-from .common import LOG2E_K, head_base, program_tile, tile_ptrs
+from . import backward, tiles
+from .common import LOG2E, LOG2E_K, head_base, program_tile, tile_ptrs
 
 
 @triton.jit
@@ -187,3 +188,35 @@ def flash_bwd_dq_kernel_v2(
     dq = dq * sm_scale
     tl.store(tile_ptrs(head_base(DQ, off_b, off_h, stride_dqb, stride_dqh), start_m * BLOCK_M, offs_r, offs_d,
                        stride_dqm, stride_dqd), dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+# Autotuning candidates (block_m, block_n, warps, stages) of the dK/dV kernel and of the dQ kernel.
+AUTOTUNE_DKDV = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 4, 5),
+                 (64, 128, 8, 2), (64, 64, 4, 4), (32, 64, 4, 4)]
+AUTOTUNE_DQ = [(64, 32, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 5),
+               (128, 64, 8, 2), (64, 64, 4, 4), (64, 32, 4, 4)]
+
+SUPPORTS = frozenset()
+
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """Hand-picked: v1's pairs (backward.backward_configs); autotuned: AUTOTUNE_DKDV, AUTOTUNE_DQ."""
+    return backward.config_lists(head_dim, dtype, limit, cc, (AUTOTUNE_DKDV, AUTOTUNE_DQ))
+
+
+def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
+    """v1's three steps with v2's two kernels (they also take scale * log2 e and the length bucket)."""
+    delta = backward.preprocess(plan, o, do, runners)
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    tail = (*lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, plan.n_key)
+    kw = dict(CAUSAL=plan.causal, HEAD_DIM=plan.D, DOT_PRECISION=plan.dot_precision)
+    s_kv, s_q = plan.backward[1], plan.backward[2]
+    tiles.run(s_kv, flash_bwd_dkdv_kernel_v2,
+              (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *tail), kw, s_kv.grid_for,
+              runners, "dkdv",
+              lambda: tiles.tuned("dkdvv2", flash_bwd_dkdv_kernel_v2, "dkdv", AUTOTUNE_DKDV, plan.D, plan.dtype))
+    tiles.run(s_q, flash_bwd_dq_kernel_v2, (q, k, v, do, lse, delta, dq, *common, *dq.stride(), *tail),
+              kw, s_q.grid_for, runners, "dq",
+              lambda: tiles.tuned("dqv2", flash_bwd_dq_kernel_v2, "dq", AUTOTUNE_DQ, plan.D, plan.dtype))

@@ -49,7 +49,11 @@ Same contract as v2; strides of the last dim must be 1 and the others 16-byte al
 import triton
 import triton.language as tl
 
-from .common import LOG2E_K, head_base, head_desc, program_tile
+import torch
+
+from . import backward, tiles
+from .common import LOG2E, LOG2E_K, head_base, head_desc, program_tile
+from .tiles import C
 
 
 @triton.jit
@@ -141,3 +145,43 @@ def flash_bwd_kernel_v3(
     dv_desc = head_desc(DV, off_b, off_h, stride_dvb, stride_dvh, Nk, stride_dvn, BLOCK_N, HEAD_DIM)
     dk_desc.store([start_n * BLOCK_N, 0], (dk * sm_scale).to(DK.dtype.element_ty))   # rows past Nk dropped
     dv_desc.store([start_n * BLOCK_N, 0], dv.to(DV.dtype.element_ty))
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+def backward_v3_configs(head_dim: int, dtype: torch.dtype) -> list:
+    """Hand-picked configs of backward v3 and v4 (one kernel: K/V tiles of block_n rows, Q tiles of block_m), best first."""
+    if head_dim <= 64:
+        return [C(64, 64, 4, 3), C(64, 64, 4, 2), C(32, 64, 4, 2), C(32, 32, 4, 1)]
+    return [C(64, 128, 8, 3), C(32, 64, 4, 3), C(64, 64, 4, 2), C(32, 32, 4, 1)]
+
+
+def autotune_configs(head_dim: int) -> list:
+    """Autotuning candidates of v3 and v4 (the H200's best at D = 64 in docs/BENCHMARKS.md, and neighbours)."""
+    if head_dim <= 64:
+        return [(64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 128, 8, 3), (32, 64, 4, 3), (128, 64, 4, 3)]
+    return [(64, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)]
+
+
+SUPPORTS = frozenset()
+
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    return {"bwd": (tiles.fitting(backward_v3_configs(head_dim, dtype), "bwd", head_dim, dtype, limit, cc),
+                    autotune_configs(head_dim))}
+
+
+def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
+    """Delta, then the one pass adding dQ into a float32 buffer; dQ = scale * buffer."""
+    delta = backward.preprocess(plan, o, do, runners)
+    dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
+    tiles.ensure_allocator()     # v3 builds its descriptors in every program, from a scratch buffer
+    args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+            *dk.stride(), *dv.stride(), *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, plan.n_key)
+    step = plan.backward[1]
+    tiles.run(step, flash_bwd_kernel_v3, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D,
+                                                    DOT_PRECISION=plan.dot_precision, TMA_REDUCE=plan.tma_reduce,
+                                                    SPREAD=plan.spread),
+              step.grid_for, runners, "bwd",
+              lambda: tiles.tuned("bwdv3", flash_bwd_kernel_v3, "bwd", autotune_configs(plan.D), plan.D, plan.dtype))
+    dq.copy_(dq_acc.mul_(scale))

@@ -25,7 +25,10 @@ DQ_ACC, the buffer dq_desc describes.
 import triton
 import triton.language as tl
 
-from .common import LOG2E_K, head_base, program_tile
+import torch
+
+from . import backward, backward_v3, tiles
+from .common import LOG2E, LOG2E_K, head_base, program_tile
 
 
 @triton.jit
@@ -103,3 +106,56 @@ def flash_bwd_kernel_v4(
     dk = (dk * sm_scale).to(dk_desc.dtype).reshape(1, 1, BLOCK_N, HEAD_DIM)
     dk_desc.store([off_b, off_h, start_n * BLOCK_N, 0], dk)             # rows past Nk dropped
     dv_desc.store([off_b, off_h, start_n * BLOCK_N, 0], dv.to(dv_desc.dtype).reshape(1, 1, BLOCK_N, HEAD_DIM))
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+# v4's one idea on the host: the seven descriptors, made here once per call over the whole tensors.
+
+try:   # descriptors made on the host; older Triton releases lack them (the plan then runs v2)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
+
+SUPPORTS = frozenset()
+M_DESCS = ("q_desc", "do_desc", "dq_desc")   # descriptors in tiles of BLOCK_M rows; the rest BLOCK_N
+
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """v3's lists (backward_v3.backward_v3_configs by hand, backward_v3.autotune_configs autotuned)."""
+    return backward_v3.config_lists(head_dim, dtype, limit, cc)
+
+
+def host_desc(t, rows: int = 16):
+    """A (B, H, N, D) tensor's descriptor, over the whole tensor as its strides are, in tiles of (1, 1, rows, D)."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
+
+
+def desc_blocks(nargs: dict):
+    """Give each descriptor among a kernel's arguments its config's tile: (1, 1, BLOCK_M or BLOCK_N, D).
+
+    The autotuner's pre-hook: every config it times needs the descriptors in its own tiles."""
+    for name, d in nargs.items():
+        if TensorDescriptor is not None and isinstance(d, TensorDescriptor):
+            rows = nargs["BLOCK_M"] if name in M_DESCS else nargs["BLOCK_N"]
+            d.block_shape = [1, 1, rows, d.block_shape[-1]]
+
+
+def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
+    """v3's launch with the descriptors made here, in the tiles of the config that runs."""
+    delta = backward.preprocess(plan, o, do, runners)
+    dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
+    tail = (*lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, plan.n_key)
+
+    def args(cfg):   # None: autotuning (its pre-hook sets each config's tiles)
+        bm, bn = (16, 16) if cfg is None else (cfg.block_m, cfg.block_n)
+        return (host_desc(q, bm), host_desc(k, bn), host_desc(v, bn), host_desc(do, bm), lse, delta,
+                host_desc(dk, bn), host_desc(dv, bn), host_desc(dq_acc, bm), dq_acc, *tail)
+
+    step = plan.backward[1]
+    tiles.run(step, flash_bwd_kernel_v4, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D,
+                                                    DOT_PRECISION=plan.dot_precision, TMA_REDUCE=plan.tma_reduce,
+                                                    SPREAD=plan.spread),
+              step.grid_for, runners, "bwd",
+              lambda: tiles.tuned("bwdv4", flash_bwd_kernel_v4, "bwd", backward_v3.autotune_configs(plan.D), plan.D,
+                                  plan.dtype, pre_hook=desc_blocks))
+    dq.copy_(dq_acc.mul_(scale))

@@ -25,10 +25,13 @@ pads other sizes); no dropout, no GQA, no attention bias.  Raw pointers with
 masks on every tile, no tensor descriptors: the faster versions (forward_v2.py,
 forward_v3.py) come beside this one.
 """
+import torch
 import triton
 import triton.language as tl
 
-from .common import LN2_K, head_base, program_tile, tile_ptrs
+from . import tiles
+from .common import LN2_K, LOG2E, head_base, program_tile, tile_ptrs
+from .tiles import C
 
 
 @triton.jit
@@ -118,3 +121,34 @@ def flash_fwd_kernel(
     o_ptrs = tile_ptrs(head_base(O, off_b, off_h, stride_ob, stride_oh), start_m * BLOCK_M, offs_r, offs_d,
                        stride_om, stride_od)
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+def forward_configs(head_dim: int, dtype: torch.dtype) -> list:
+    """Hand-picked forward configs, best first (tiles 128x64 were the H200's choice for v1); v2 and v3 use
+    them too where they do not autotune."""
+    if dtype == torch.float32:
+        return [C(64, 32, 4, 2), C(32, 32, 4, 2), C(32, 16, 4, 1), C(16, 16, 4, 1)]
+    if head_dim <= 64:
+        return [C(128, 64, 4, 3), C(128, 64, 4, 2), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
+    if head_dim <= 128:
+        return [C(128, 64, 8, 3), C(128, 64, 8, 2), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
+    return [C(64, 32, 4, 2), C(32, 32, 4, 2), C(32, 16, 4, 1), C(16, 16, 4, 1)]
+
+
+SUPPORTS = frozenset()   # variant features this kernel implements (flashlab.kernels.plan.Variant)
+
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """{kind: (hand-picked configs that fit ``limit``, autotuning candidates)}: v1 never autotunes."""
+    return {"fwd": (tiles.fitting(forward_configs(head_dim, dtype), "fwd", head_dim, dtype, limit, cc), [])}
+
+
+def launch(plan, q, k, v, o, lse, scale: float, runners=None):
+    """Run the plan's forward step: O into ``o``, the natural-log LSE into ``lse``."""
+    step = plan.forward[0]
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
+            plan.H, plan.Nq, plan.Nk, scale * LOG2E)
+    tiles.run(step, flash_fwd_kernel, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D, DOT_PRECISION=plan.dot_precision),
+              step.grid_for, runners, "fwd")

@@ -22,7 +22,9 @@ interpreter it runs with one hand-picked config.
 import triton
 import triton.language as tl
 
-from .common import LN2_K, head_base, program_tile, tile_ptrs
+from . import tiles
+from .common import LN2_K, LOG2E, head_base, program_tile, tile_ptrs
+from .forward import forward_configs
 
 
 @triton.jit
@@ -112,3 +114,29 @@ def flash_fwd_kernel_v2(
     o_ptrs = tile_ptrs(head_base(O, off_b, off_h, stride_ob, stride_oh), start_m * BLOCK_M, offs_r, offs_d,
                        stride_om, stride_od)
     tl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+# Autotuning candidates of v2 and v3 (block_m, block_n, warps, stages).  (128, 64, 4, 2): two 4-warp programs per
+# SM at D = 128 (96 KiB), the config tutorial 06's own autotuning picks on the H200 (docs/BENCHMARKS.md).
+AUTOTUNE_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3),
+                    (128, 32, 4, 3), (128, 64, 8, 4), (128, 64, 4, 2), (64, 128, 4, 3)]
+
+SUPPORTS = frozenset()
+
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """Hand-picked: v1's list (forward.forward_configs); autotuned: AUTOTUNE_CONFIGS."""
+    return {"fwd": (tiles.fitting(forward_configs(head_dim, dtype), "fwd", head_dim, dtype, limit, cc),
+                    AUTOTUNE_CONFIGS)}
+
+
+def launch(plan, q, k, v, o, lse, scale: float, runners=None):
+    step = plan.forward[0]
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
+            plan.H, plan.Nq, plan.Nk, scale * LOG2E, plan.n_key)
+    tiles.run(step, flash_fwd_kernel_v2, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D,
+                                                    DOT_PRECISION=plan.dot_precision),
+              step.grid_for, runners, "fwd",
+              lambda: tiles.tuned("fwdv2", flash_fwd_kernel_v2, "fwd", AUTOTUNE_CONFIGS, plan.D, plan.dtype))

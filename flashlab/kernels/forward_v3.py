@@ -21,7 +21,8 @@ made on the device need a scratch buffer; the launcher sets one).
 import triton
 import triton.language as tl
 
-from .common import LN2_K, head_base, head_desc, program_tile
+from . import forward_v2, tiles
+from .common import LN2_K, LOG2E, head_base, head_desc, program_tile
 
 
 @triton.jit
@@ -95,3 +96,26 @@ def flash_fwd_kernel_v3(
     lse = (m_i + tl.math.log2(l_i)) * LN2_K
     tl.store(head_base(LSE, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm, lse, mask=offs_m < Nq)
     o_desc.store([start_m * BLOCK_M, 0], acc.to(O.dtype.element_ty))   # rows past Nq are dropped
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+SUPPORTS = frozenset()
+
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """v2's lists (forward.forward_configs by hand, forward_v2.AUTOTUNE_CONFIGS autotuned)."""
+    return forward_v2.config_lists(head_dim, dtype, limit, cc)
+
+
+def launch(plan, q, k, v, o, lse, scale: float, runners=None):
+    """v2's launch, with the allocator that descriptors made on the device need."""
+    tiles.ensure_allocator()
+    step = plan.forward[0]
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
+            plan.H, plan.Nq, plan.Nk, scale * LOG2E, plan.n_key)
+    tiles.run(step, flash_fwd_kernel_v3, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D,
+                                                    DOT_PRECISION=plan.dot_precision),
+              step.grid_for, runners, "fwd",
+              lambda: tiles.tuned("fwdv3", flash_fwd_kernel_v3, "fwd", forward_v2.AUTOTUNE_CONFIGS, plan.D,
+                                  plan.dtype))

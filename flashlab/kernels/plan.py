@@ -1,0 +1,452 @@
+"""Which kernels, tiles and grids run for a call, and why: one launch plan per kind of call.
+
+    >>> from flashlab.kernels import plan
+    >>> p = plan.plan(1, 16, 4096, 4096, 64, torch.float16, causal=True)
+    >>> print(p)                      # python -m flashlab plan --shape 1,16,4096,64 --causal
+
+A :class:`Plan` is computed once per (shapes, stride class, dtype, flags, device) and cached
+(:func:`plan`, :func:`plan_for`).  It holds the forward and backward kernel versions, each
+launch as a :class:`Step` (kernel, tiles, warps, stages, grid, the reason for each choice)
+and the flags the kernels take (dot precision, TMA reduce, spread adds).  The launchers at the end
+of each kernel file take a plan and do what it says, nothing else.  Two choices can only be
+made by running: an autotuned step says so until it has run, then says what autotuning picked; a
+hand-picked config that runs out of resources when compiled hands over to the step's next
+candidate, and the step records it.
+
+The stride class (:class:`Layout`) is what the versions need of the strides: tensor descriptors
+(forward v3, backward v3 / v4) need a unit last stride and 16-byte aligned base and strides;
+backward v4's host descriptors also need no stride 0 (K, V expanded over heads).
+
+Device facts (:class:`DeviceFacts`: compute capability, shared memory per block, interpreter or
+GPU) come from :func:`device_facts`; tests replace it to plan for a T4, an L4 or an H200 on any
+machine.
+
+Extension point: a call's variant (:class:`Variant`: grouped K/V heads, a sliding window, a mask,
+dropout, ragged batches) is a field of the plan key.  Each kernel module declares the variant
+features its kernel implements in ``SUPPORTS``; :func:`choose_versions` keeps only the versions
+whose ``SUPPORTS`` covers the call's features (today every version has none, so a call with a
+feature gets a clear error).  A new kernel file (forward_v4.py, backward_v5.py) adds its module to
+the registry (``FORWARD`` / ``BACKWARD`` in ``kernels/__init__.py``), its ``SUPPORTS``, its config
+lists and its ``launch``; the variant's own arguments (window size, dropout seed) travel in the
+:class:`Variant` and reach the launcher through the plan.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import device
+from . import backward, backward_v2, backward_v3, backward_v4, forward, forward_v2, forward_v3, tiles
+from .tiles import C, Config
+
+FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3}
+BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4}
+FORWARD_VERSIONS = tuple(FORWARD)
+BACKWARD_VERSIONS = tuple(BACKWARD)
+
+V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
+
+# (head dim, causal) where the one-pass backward (v4) measured faster than v2; None: both modes.  At D = 128
+# causal it spills registers and v2's two kernels are faster.
+ONE_PASS_BWD = ((64, None), (128, False))
+
+INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
+
+
+# ---------------------------------------------------------------------------------------------- the facts
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the plan needs to know about where the kernels run."""
+    name: str
+    cc: tuple | None              # compute capability; None in the interpreter
+    shared_memory: int | None     # bytes one program may use; None in the interpreter
+    interpret: bool
+    index: int | None = None
+    host_descriptors: bool = True   # triton.tools.tensor_descriptor (backward v4) is importable
+
+    @property
+    def hopper(self) -> bool:
+        return self.cc is not None and self.cc[0] >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _facts_of(index) -> DeviceFacts:
+    host = backward_v4.TensorDescriptor is not None
+    if index is None:
+        return DeviceFacts("Triton interpreter (CPU)", None, None, True, None, host)
+    return DeviceFacts(torch.cuda.get_device_name(index), device._capability_of(index), device._shared_memory_of(index),
+                       False, index, host)
+
+
+def device_facts() -> DeviceFacts:
+    """This process's device: the current GPU, or the interpreter."""
+    return _facts_of(torch.cuda.current_device() if device.DEVICE.type == "cuda" else None)
+
+
+T4 = DeviceFacts("Tesla T4 (simulated)", (7, 5), 64 * 1024, False, 0)
+L4 = DeviceFacts("NVIDIA L4 (simulated)", (8, 9), 99 * 1024, False, 0)
+A100 = DeviceFacts("NVIDIA A100 (simulated)", (8, 0), 163 * 1024, False, 0)
+H200 = DeviceFacts("NVIDIA H200 (simulated)", (9, 0), 227 * 1024, False, 0)
+SIMULATED = {"t4": T4, "l4": L4, "a100": A100, "h200": H200}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The stride class: what the versions need of the tensors' strides."""
+    tma: bool = True           # unit last stride, base and other strides 16-byte aligned (tensor descriptors)
+    no_zero_stride: bool = True   # no stride 0 (backward v4's descriptors span the whole tensor)
+
+
+def tma_ok(*tensors) -> bool:
+    """Tensor descriptors need the last stride 1 and 16-byte aligned base and strides."""
+    for t in tensors:
+        e = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16:
+            return False
+        if any((s * e) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def host_desc_ok(*tensors) -> bool:
+    """Host descriptors span the whole tensor: no dimension may have stride 0 (K, V expanded over heads).
+
+    v3 folds the batch and head strides into each program's base address, so it takes those."""
+    return all(s > 0 for t in tensors for s in t.stride())
+
+
+def layout_of(*tensors) -> Layout:
+    return Layout(tma_ok(*tensors), host_desc_ok(*tensors))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Attention variants beyond plain (causal or not) attention: the plan's extension point.
+
+    The defaults are plain attention; a field set to anything else is a feature (:meth:`features`)
+    that only versions declaring it in their module's ``SUPPORTS`` may run."""
+    kv_groups: int = 1             # grouped-query attention: query heads per K/V head
+    window: tuple | None = None    # sliding window (left, right)
+    mask: str | None = None        # "bool" or "additive" attention mask
+    dropout: bool = False
+    varlen: bool = False           # ragged batch (cumulative sequence lengths)
+
+    def features(self) -> frozenset:
+        f = set()
+        if self.kv_groups != 1:
+            f.add("gqa")
+        if self.window is not None:
+            f.add("window")
+        if self.mask is not None:
+            f.add("mask")
+        if self.dropout:
+            f.add("dropout")
+        if self.varlen:
+            f.add("varlen")
+        return frozenset(f)
+
+
+PLAIN = Variant()
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+
+@dataclass(eq=False)
+class Step:
+    """One kernel launch of a plan: which kernel, with which tiles, on which grid, and why."""
+    kernel: str                   # e.g. "fwd v2", "dkdv v2", "bwd v4", "preprocess"
+    kind: str                     # "fwd", "dkdv", "dq", "bwd" (the estimate's kernel kinds), "pre"
+    version: str
+    head_dim: int
+    rows: int                     # the rows its tiles split: Nq (a Q-tile grid) or Nk (a K/V-tile grid)
+    bh: int                       # B * H
+    config: Config | None         # the tiles that run; None while autotuning has not picked
+    fallbacks: tuple = ()         # hand-picked configs to try next if ``config`` runs out of resources
+    autotune: bool = False
+    candidates: int = 0           # how many configs autotuning times
+    tune_key: tuple | None = None
+    reason: str = ""
+    verified: bool = False        # the config compiled and ran (or was forced)
+    history: list = field(default_factory=list)
+
+    def grid_for(self, cfg: Config) -> tuple:
+        block = cfg.block_n if self.kind in ("dkdv", "bwd") else cfg.block_m
+        return tiles.grid_1d(-(-self.rows // block), self.bh)
+
+    @property
+    def grid(self) -> tuple | None:
+        return None if self.config is None else self.grid_for(self.config)
+
+    def picked(self, cfg: Config) -> None:
+        self.config, self.verified = cfg, True
+        self.history.append(f"autotuning picked {cfg}")
+
+    def fell_back(self, cfg: Config, errors: list) -> None:
+        if cfg != self.config:
+            self.history.append(f"{self.config} ran out of resources; {cfg} compiled")
+        self.config, self.verified = cfg, True
+        tiles.CHOSEN[(self.kind, self.version, self.head_dim, self.tune_key[2] if self.tune_key else None,
+                      self.tune_key[3] if self.tune_key else None)] = cfg
+
+    def describe(self) -> str:
+        if self.config is None:
+            tiles_ = f"autotuned over {self.candidates} configs (not yet run)"
+        elif self.kind == "pre":
+            tiles_ = f"{self.config.block_m}-row tiles, {self.config.num_warps} warps, grid {self.grid[0]}"
+        else:
+            tiles_ = f"{self.config}, grid {self.grid[0]}"
+        more = "" if not self.history else "; " + "; ".join(self.history)
+        return f"{self.kernel:<12} {tiles_}\n{'':<14}{self.reason}{more}"
+
+
+@dataclass(eq=False)
+class Plan:
+    B: int
+    H: int
+    Nq: int
+    Nk: int
+    D: int                       # the kernels' head dim (a power of two >= 16)
+    dtype: torch.dtype           # the kernels' dtype
+    causal: bool
+    allow_tf32: bool
+    layout: Layout
+    deterministic: bool
+    facts: DeviceFacts
+    variant: Variant
+    fwd_version: str
+    bwd_version: str
+    reasons: dict                 # {"fwd": why this version, "bwd": why}
+    forward: tuple                # Steps
+    backward: tuple               # Steps: preprocess, then dK/dV and dQ (v1, v2) or one pass (v3, v4)
+    n_key: int
+    dot_precision: str
+    tma_reduce: bool              # backward v3 / v4 add dQ through TMA (Hopper) instead of pointer atomics
+    spread: bool                  # backward v3 / v4 start each program's Q tiles at its own tile
+
+    def step(self, name: str) -> Step:
+        return next(s for s in self.forward + self.backward if s.kind == name or s.kernel == name)
+
+    def __str__(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        feats = ", ".join(sorted(self.variant.features())) or "none"
+        lines = [f"plan for B={self.B} H={self.H} Nq={self.Nq} Nk={self.Nk} D={self.D} {dt} "
+                 f"causal={self.causal} on {self.facts.name}"
+                 + (f" (cc {self.facts.cc[0]}.{self.facts.cc[1]}, {self.facts.shared_memory // 1024} KB shared memory)"
+                    if self.facts.cc else ""),
+                 f"  layout: tensor descriptors {'ok' if self.layout.tma else 'no'}, "
+                 f"stride 0 {'none' if self.layout.no_zero_stride else 'present'}; variant features: {feats}; "
+                 f"length bucket {self.n_key}; dot precision {self.dot_precision}",
+                 f"  forward  {self.fwd_version}: {self.reasons['fwd']}"]
+        lines += ["    " + s.describe().replace("\n", "\n    ") for s in self.forward]
+        lines += [f"  backward {self.bwd_version}: {self.reasons['bwd']}"]
+        if self.bwd_version in ("v3", "v4"):
+            lines[-1] += (f" (dQ added {'by TMA reduce' if self.tma_reduce else 'by pointer atomics'}"
+                          f"{', spread over rows' if self.spread else ''})")
+        lines += ["    " + s.describe().replace("\n", "\n    ") for s in self.backward]
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------- the choices
+
+def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | None, facts: DeviceFacts,
+                    deterministic: bool = False, variant: Variant = PLAIN) -> tuple:
+    """({"fwd": version, "bwd": version}, {"fwd": reason, "bwd": reason}) before the layout is considered.
+
+    Chosen by the H200 measurements in docs/BENCHMARKS.md (2026-11-30):
+
+    * forward v3 (tensor descriptors) on Hopper (compute capability 9.0) for sequences of more
+      than 1024 (``bucket``, the autotuning bucket, at least V3_FROM): each v3 program builds its
+      descriptors first, which short sequences, with few K/V tiles per program, do not earn back
+      (at N = 256-1024 v3 measured 0.5-0.95x v2);
+    * below the 1024 bucket, where no version autotunes, v1 for non-causal attention (at the same
+      hand-picked tiles v2's second copy of the loop costs more than the masks it removes: v1
+      measured 1.07-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
+      tiles win there);
+    * backward v4 (one pass, dQ reduced through TMA, descriptors made on the host) on Hopper at
+      head dim 64 and at head dim 128 non-causal (ONE_PASS_BWD), at the same sequence lengths as
+      forward v3; v2 otherwise.  At D = 128 causal the one-pass kernel's two (BLOCK_N, 128) float32
+      accumulators plus the dQ tile spill registers and v2 is faster.  The one-pass dQ is not bitwise
+      reproducible (the adds arrive in any order): with ``torch.use_deterministic_algorithms(True)``
+      the backward is v2, which is.
+
+    fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
+    v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
+    """
+    feats = variant.features()
+    if feats:
+        fv = [v for v, m in FORWARD.items() if feats <= getattr(m, "SUPPORTS", frozenset())]
+        bv = [v for v, m in BACKWARD.items() if feats <= getattr(m, "SUPPORTS", frozenset())]
+        if not fv or not bv:
+            raise ValueError(f"no kernel version implements {', '.join(sorted(feats))} yet "
+                             f"(forward: {fv or 'none'}, backward: {bv or 'none'})")
+        why = f"the newest version that implements {', '.join(sorted(feats))}"
+        return {"fwd": fv[-1], "bwd": bv[-1]}, {"fwd": why, "bwd": why}
+    if dtype == torch.float32 or head_dim > 128:
+        why = ("fp32 and head dims above 128 run their dot products on FMA units, where v2's unmasked tiles "
+               "gain nothing measurable and its extra loop copies multiply the compile time")
+        return {"fwd": "v1", "bwd": "v1"}, {"fwd": why, "bwd": why}
+    long_enough = bucket is None or bucket >= V3_FROM
+    hopper = facts.hopper
+    one_pass = any(d == head_dim and (c is None or c == causal) for d, c in ONE_PASS_BWD)
+    if hopper and long_enough and one_pass and not deterministic:
+        bwd, bwhy = "v4", (f"Hopper, length bucket >= {V3_FROM}, D = {head_dim}"
+                           f"{' non-causal' if head_dim == 128 else ''}: one pass measured fastest")
+    elif deterministic:
+        bwd, bwhy = "v2", "deterministic algorithms requested: v2's dQ is bitwise reproducible (no adds in any order)"
+    elif not hopper:
+        bwd, bwhy = "v2", "not Hopper: v2's two kernels (the one-pass dQ reduce is a TMA bulk add on Hopper only)"
+    elif not long_enough:
+        bwd, bwhy = "v2", f"length bucket < {V3_FROM}: v2 measured as fast or faster"
+    else:
+        bwd, bwhy = "v2", (f"D = {head_dim}{' causal' if causal else ''}: the one-pass kernel "
+                           + ("spills registers there" if head_dim == 128 else "was not measured faster"))
+    if bucket is not None and bucket < 1024 and causal is False:
+        return ({"fwd": "v1", "bwd": bwd},
+                {"fwd": "short, non-causal: v1's masks cost less than v2's second loop copy (1.07-1.11x)",
+                 "bwd": bwhy})
+    if hopper and long_enough:
+        return {"fwd": "v3", "bwd": bwd}, {"fwd": f"Hopper, length bucket >= {V3_FROM}: tensor descriptors (TMA)",
+                                           "bwd": bwhy}
+    fwhy = ("not Hopper: v2 (no TMA)" if not hopper else f"length bucket < {V3_FROM}: v2 measured as fast as v3 "
+            "or faster (v3's descriptors are built per program)")
+    if bucket is not None and bucket < 1024:
+        fwhy = "short, causal: v2's longest-tiles-first order and unmasked tiles win"
+    return {"fwd": "v2", "bwd": bwd}, {"fwd": fwhy, "bwd": bwhy}
+
+
+def _hand_step(kernel, kind, version, D, rows, bh, dtype, cands, facts, reason, tune_key):
+    """A step with hand-picked tiles: the first that fits, the rest as fallbacks (or a remembered pick)."""
+    chosen = tiles.CHOSEN.get((kind, version, D, dtype, facts.index))
+    if chosen is not None:
+        return Step(kernel, kind, version, D, rows, bh, chosen, (), False, 0, tune_key,
+                    reason + "; this config compiled and ran before here", True)
+    return Step(kernel, kind, version, D, rows, bh, cands[0], tuple(cands[1:]), False, 0, tune_key,
+                reason, False)
+
+
+def _steps(kind_list, version, p, facts, forced, forward_lists):
+    """The steps of one pass.  ``kind_list``: ((kind, rows), ...); ``forward_lists``: kind -> (hand-picked configs
+    that fit this GPU, autotuning candidates) for this version (its module's ``config_lists``)."""
+    steps = []
+    B, H, Nq, Nk, D, dtype = p["B"], p["H"], p["Nq"], p["Nk"], p["D"], p["dtype"]
+    bucket, prec, causal = p["n_key"], p["prec"], p["causal"]
+    bh = B * H
+    for i, (kind, rows) in enumerate(kind_list):
+        name = f"{kind} {version}"
+        tune_key = (kind, version, dtype, facts.index, bucket, D, causal, prec)
+        hand, auto = forward_lists[kind]
+        if forced is not None:
+            cfg = forced[i] if isinstance(forced, tuple) else forced
+            steps.append(Step(name, kind, version, D, rows, bh, cfg, (), False, 0, tune_key,
+                              "tiles forced by the caller", True))
+        elif facts.interpret:
+            steps.append(Step(name, kind, version, D, rows, bh, INTERPRETER_TILE, (), False, 0, tune_key,
+                              "interpreter: 32x32 tiles (fewer, smaller programs)", True))
+        elif version != "v1" and tiles.autotune_applies(dtype, D, bucket, facts.interpret):
+            best = tiles.BEST.get(tune_key)
+            st = Step(name, kind, version, D, rows, bh, None, (), True, len(auto), tune_key,
+                      f"autotuned (fp16/bf16, D 64/128, bucket >= {tiles.AUTOTUNE_FROM}) over the configs "
+                      f"the estimate keeps of {len(auto)}, keyed by bucket {bucket}, D, causal, precision")
+            if best is not None:
+                st.picked(C(best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages))
+            steps.append(st)
+        else:
+            cands = hand
+            limit = f"{facts.shared_memory // 1024} KB" if facts.shared_memory else "?"
+            why = (f"hand-picked: the first config whose shared-memory estimate fits {limit} "
+                   f"(sm_{facts.cc[0]}{facts.cc[1]}), {len(cands) - 1} more to fall back on")
+            if version == "v1" and not facts.interpret and tiles.autotune_applies(dtype, D, bucket, False):
+                why += "; v1 never autotunes"
+            elif not tiles.AUTOTUNE:
+                why += "; FLASHLAB_AUTOTUNE=0"
+            steps.append(_hand_step(name, kind, version, D, rows, bh, dtype, cands, facts, why, tune_key))
+    return tuple(steps)
+
+
+_PLANS: dict = {}
+
+
+def plan(B: int, H: int, Nq: int, Nk: int | None, D: int, dtype: torch.dtype = torch.float16, causal: bool = False,
+         *, allow_tf32: bool = False, layout: Layout = Layout(), deterministic: bool | None = None,
+         variant: Variant = PLAIN, forward_version: str | None = None, backward_version: str | None = None,
+         forward_config: Config | None = None, backward_config=None, facts: DeviceFacts | None = None) -> Plan:
+    """The launch plan for one kind of call (cached).  ``D``: the kernels' head dim (a power of two >= 16);
+    ``dtype``: the kernels' dtype.  ``*_version`` / ``*_config`` force a version or tiles (scripts, tests);
+    the layout still decides whether a descriptor version can run."""
+    Nk = Nq if Nk is None else Nk
+    facts = device_facts() if facts is None else facts
+    det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
+    key = (B, H, Nq, Nk, D, dtype, bool(causal), bool(allow_tf32), layout, det, variant, forward_version,
+           backward_version, forward_config, backward_config, facts, tiles.AUTOTUNE)
+    p = _PLANS.get(key)
+    if p is None:
+        p = _PLANS[key] = _make(*key[:-1])
+    return p
+
+
+def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, bv, fcfg, bcfg, facts) -> Plan:
+    for name, v, ok in (("forward", fv, FORWARD_VERSIONS), ("backward", bv, BACKWARD_VERSIONS)):
+        if v is not None and v not in ok:
+            raise ValueError(f"version must be one of {ok}, got {v!r} ({name})")
+    bucket = tiles.n_key(Nq, Nk)
+    versions, reasons = choose_versions(dtype, D, bucket, causal, facts, det, variant)
+    if fv is not None:
+        versions["fwd"], reasons["fwd"] = fv, "forced by the caller"
+    if bv is not None:
+        versions["bwd"], reasons["bwd"] = bv, "forced by the caller"
+    if versions["fwd"] == "v3" and not layout.tma:
+        versions["fwd"], reasons["fwd"] = "v2", ("v3 wanted, but tensor descriptors need a unit last stride and "
+                                                 "16-byte aligned base and strides: v2")
+    if versions["bwd"] == "v4" and (not facts.host_descriptors or not layout.no_zero_stride):
+        if facts.host_descriptors:
+            versions["bwd"], reasons["bwd"] = "v3", ("v4 wanted, but a tensor has stride 0 (K, V expanded over heads): "
+                                                     "host descriptors span whole tensors, so v3 (descriptors per "
+                                                     "program) runs")
+        else:
+            versions["bwd"], reasons["bwd"] = "v2", ("v4 wanted, but this Triton has no host tensor descriptors "
+                                                     "(nor v3's): v2")
+    if versions["bwd"] in ("v3", "v4") and not layout.tma:
+        versions["bwd"], reasons["bwd"] = "v2", (f"{versions['bwd']} wanted, but tensor descriptors need a unit last "
+                                                 "stride and 16-byte aligned base and strides: v2")
+    prec = tiles.dot_precision(dtype, allow_tf32)
+    p = dict(B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, n_key=bucket, prec=prec, causal=causal)
+    f_mod, b_mod = FORWARD[versions["fwd"]], BACKWARD[versions["bwd"]]
+    fwd = _steps((("fwd", Nq),), versions["fwd"], p, facts, fcfg, f_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
+    pre_m = INTERPRETER_TILE.block_m if facts.interpret else 64
+    pre = Step("preprocess", "pre", "v1", D, Nq, B * H, C(pre_m, pre_m), (), False, 0, None,
+               "Delta = rowsum(dO * O): one pass over O and dO, 64-row tiles (32 in the interpreter)", True)
+    b_kinds = (("bwd", Nk),) if versions["bwd"] in ("v3", "v4") else (("dkdv", Nk), ("dq", Nq))
+    if isinstance(bcfg, Config) and len(b_kinds) == 2:
+        bcfg = (bcfg, bcfg)
+    bwd = (pre,) + _steps(b_kinds, versions["bwd"], p, facts, bcfg, b_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
+    return Plan(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, facts, variant, versions["fwd"],
+                versions["bwd"], reasons, fwd, bwd, bucket, prec,
+                tma_reduce=not facts.interpret and facts.hopper, spread=D > 64)
+
+
+def kernel_head_dim(d: int) -> int:
+    """The head dim the kernels run at: the next power of two, at least 16 (the op pads with zeros)."""
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def plan_for(q, k, v, causal: bool, *, allow_tf32: bool = False, extra=(), **kw) -> Plan:
+    """The plan for kernel-ready tensors q (B, H, Nq, D), k, v (B, H, Nk, D) (``extra``: more tensors whose
+    strides the descriptor versions would see: o, dO, the gradients)."""
+    B, H, Nq, D = q.shape
+    return plan(B, H, Nq, k.shape[2], D, q.dtype, causal, allow_tf32=allow_tf32,
+                layout=layout_of(q, k, v, *extra), **kw)
+
+
+def forget() -> None:
+    """Drop every cached plan, remembered config and autotuning choice (tests; a changed environment)."""
+    _PLANS.clear()
+    tiles.CHOSEN.clear()
+    tiles.BEST.clear()
+
+
+__all__ = ["Plan", "Step", "Layout", "Variant", "PLAIN", "DeviceFacts", "plan", "plan_for", "device_facts",
+           "choose_versions", "layout_of", "tma_ok", "host_desc_ok", "kernel_head_dim", "SIMULATED",
+           "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "ONE_PASS_BWD"]
