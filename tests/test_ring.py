@@ -192,6 +192,8 @@ def _ring_cases(rank, world, cases, group=None):
             Q = Q * 20.0
         Q, K, V, dO = (t.to(dtype) for t in (Q, K, V, dO))
         q, k, v, do = (shard(t, rank, world, layout) for t in (Q, K, V, dO))
+        if c.get("strided"):                                        # (B, N, H, D) storage seen as (B, H, N, D)
+            q, k, v, do = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         o, lse = ring_attention(q, k, v, is_causal=causal, layout=layout, return_lse=True, group=group)
         o.backward(do)
@@ -259,7 +261,7 @@ def test_ring_two_ranks_both_layouts_causal_and_not_fwd_bwd():
     from flashlab.distributed.local import run_local
     cases = [_case(layout=lay, causal=cau, seed=i) for i, (lay, cau) in
              enumerate([(a, b) for a in LAYOUTS for b in (False, True)])]
-    cases += [_case(H=4, Hkv=2, N=44, D=24, seed=7),                              # GQA, ragged 11-row chunks, D padded
+    cases += [_case(H=4, Hkv=2, N=44, D=24, seed=7, strided=True),   # GQA, ragged 11-row chunks, D padded, strides
               _case(B=2, layout="contiguous", N=36, large=True, seed=8),          # |S| in the hundreds
               _case(dtype=torch.float16, N=40, seed=9)]
     outs = run_local(lambda r, w: _ring_cases(r, w, cases) + _errors_on_rank(r, w), 2, timeout=240)

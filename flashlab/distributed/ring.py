@@ -29,6 +29,10 @@ GQA: k and v may have H_kv heads, H % H_kv == 0 (query head h reads K/V head h /
 blocks travel with H_kv heads (fewer bytes), are expanded for the kernel, and dK/dV are summed over
 each group of query heads.
 
+Bytes per step: K and V of one shard in the forward (2·B·H_kv·(N/W)·D elements of q's dtype); in
+the backward K and V again plus the float32 dK/dV accumulators.  Non-contiguous inputs are copied
+once into dense buffers for the sends.
+
 Limits: one sequence length for every rank (the shard's, N/W); no attention mask, dropout or
 window; the transfers are P2P sends of whole shards (no chunking of a block into several messages).
 """
@@ -80,7 +84,8 @@ class _Ring:
     def pass_on(self, tensors):
         """Post sends of ``tensors`` to the next rank and receives of as many from the previous one.
         Returns (received buffers, requests); wait on the requests before reading the buffers."""
-        recv = [torch.empty_like(t) for t in tensors]
+        tensors = [t.contiguous() for t in tensors]             # P2P sends whole, dense buffers
+        recv = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
         ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in recv]
         return recv, dist.batch_isend_irecv(ops)
