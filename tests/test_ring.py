@@ -8,11 +8,17 @@ import numpy as np
 import pytest
 import torch
 
+from flashlab import device
 from flashlab import reference as R
 from flashlab.distributed import (chunk_ids, gather, merge_attention, positions, shard, step_plan,
                                   step_source, step_work)
 
 LAYOUTS = ("contiguous", "zigzag")
+
+# The gloo processes run CPU tensors through the interpreter; on a GPU machine the kernels want CUDA
+# tensors and a forked child cannot use CUDA, so there the ring runs on NCCL (test_ring_nccl_two_gpus).
+on_cpu_processes = pytest.mark.skipif(not device.INTERPRET, reason="gloo ring tests run in the interpreter; "
+                                      "on a GPU machine test_ring_nccl_two_gpus runs the ring")
 
 
 # ----------------------------------------------------------------------------
@@ -162,8 +168,8 @@ def test_ring_simulated_in_one_process_with_the_kernels(layout):
     import flashlab
     from flashlab.distributed import simulate_ring
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 2, 24, 16, generator=g)
-    k, v = (torch.randn(1, 1, 24, 16, generator=g) for _ in range(2))
+    q = torch.randn(1, 2, 24, 16, generator=g).to(device.DEVICE)
+    k, v = (torch.randn(1, 1, 24, 16, generator=g).to(device.DEVICE) for _ in range(2))
     for causal in (False, True):
         o, lse = simulate_ring(q, k, v, 3, causal, layout=layout)
         ro, rl = flashlab.flash_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), causal,
@@ -257,6 +263,7 @@ def _case(**kw):
     return c
 
 
+@on_cpu_processes
 def test_ring_two_ranks_both_layouts_causal_and_not_fwd_bwd():
     from flashlab.distributed.local import run_local
     cases = [_case(layout=lay, causal=cau, seed=i) for i, (lay, cau) in
@@ -269,6 +276,7 @@ def test_ring_two_ranks_both_layouts_causal_and_not_fwd_bwd():
     assert not bad, "\n".join(bad)
 
 
+@on_cpu_processes
 def test_ring_four_ranks():
     from flashlab.distributed.local import run_local
     cases = [_case(N=64, seed=11), _case(N=48, layout="contiguous", causal=True, H=2, Hkv=1, seed=12)]
@@ -295,6 +303,7 @@ def test_ring_without_a_process_group_says_so():
         ring_attention(x, x, x)
 
 
+@on_cpu_processes
 def test_a_hung_rank_is_stopped():
     from flashlab.distributed.local import run_local
 
@@ -420,3 +429,41 @@ def test_figures_are_figures():
             F.fig_ring_schedule(3, "zigzag"), F.fig_ring_schedule(2, "contiguous", causal=False),
             F.fig_overlap(measured={1024: 1e-4}), F.fig_cost_model(seqlens=(65536,))]
     assert all(isinstance(f, Figure) and f.axes for f in figs)
+
+
+# ----------------------------------------------------------------------------
+# on GPUs
+# ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ring_simulated_on_a_gpu_bf16(layout):
+    import flashlab
+    from flashlab.accuracy import judge, reference_outputs
+    from flashlab.distributed import simulate_ring
+    g = torch.Generator().manual_seed(21)
+    q = torch.randn(2, 8, 2048, 128, generator=g).cuda()
+    k, v = (torch.randn(2, 2, 2048, 128, generator=g).cuda() for _ in range(2))
+    qc, kc, vc = (t.bfloat16() for t in (q, k, v))
+    o, lse = simulate_ring(qc, kc, vc, 4, True, layout=layout)
+    ke, ve = (t.repeat_interleave(4, 1) for t in (k, v))
+    do = torch.randn_like(q)
+    ref = reference_outputs(q, ke, ve, do, True)
+    same = reference_outputs(q, ke, ve, do, True, dtype=torch.bfloat16)
+    chk = judge("o", o, same[0], ref[0], torch.bfloat16)
+    assert chk.ok, chk
+    op = flashlab.flash_attention(qc, kc.repeat_interleave(4, 1), vc.repeat_interleave(4, 1), True)
+    assert (o.float() - op.float()).abs().max().item() < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="a NCCL ring needs two GPUs")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ring_nccl_two_gpus(layout):
+    from flashlab.distributed.local import ring_check, run_local
+    import functools
+    outs = run_local(functools.partial(ring_check, B=2, H=8, H_kv=2, N=4096, D=128, layout=layout), 2,
+                     backend="nccl", timeout=300)
+    for o in outs:                      # fp16 against the single-process op
+        assert o["o"] < 5e-3 and o["lse"] < 5e-3, o
+        assert max(o["dq"], o["dk"], o["dv"]) < 5e-2, o
