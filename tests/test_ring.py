@@ -467,3 +467,40 @@ def test_ring_nccl_two_gpus(layout):
     for o in outs:                      # fp16 against the single-process op
         assert o["o"] < 5e-3 and o["lse"] < 5e-3, o
         assert max(o["dq"], o["dk"], o["dv"]) < 5e-2, o
+
+
+def test_next_block_is_in_flight_while_a_step_computes(monkeypatch):
+    """The order of events in the forward and the backward, with a recording stand-in for the ring:
+    the transfer of the next block is posted before the step's kernels and waited for after them; in
+    the backward the dK/dV accumulator of the step before is waited for only after this step's kernels."""
+    import flashlab.attention as A
+    from flashlab.distributed import ring as RG
+    events = []
+
+    class Req:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def wait(self):
+            events.append(("wait", self.tag))
+
+    class FakeRing:
+        rank, world = 1, 3
+
+        def pass_on(self, tensors):
+            tag = "dkv" if tensors[0].dtype == torch.float32 else "kv"     # accumulators are float32
+            events.append(("post", tag))
+            return [t.clone() for t in tensors], [Req(tag)]
+
+    fwd, bwd = A._forward, A._backward
+    monkeypatch.setattr(A, "_forward", lambda *a: (events.append(("fwd", None)), fwd(*a))[1])
+    monkeypatch.setattr(A, "_backward", lambda *a: (events.append(("bwd", None)), bwd(*a))[1])
+    q, k, v = (torch.randn(1, 1, 8, 16, dtype=torch.float16, device=device.DEVICE) for _ in range(3))
+    o, lse = RG._ring_forward(q, k, v, False, 0.25, False, FakeRing(), "zigzag")
+    assert events == [("post", "kv"), ("fwd", None), ("wait", "kv")] * 2 + [("fwd", None)], events
+    events.clear()
+    RG._ring_backward(q, k, v, o, lse, torch.randn_like(q), False, 0.25, False, FakeRing(), "zigzag")
+    kinds = [e[0] + (":" + e[1] if e[1] else "") for e in events]
+    assert kinds == ["post:kv", "bwd", "post:dkv", "wait:kv",
+                     "post:kv", "bwd", "wait:dkv", "post:dkv", "wait:kv",
+                     "bwd", "wait:dkv", "post:dkv", "wait:dkv"], kinds
