@@ -11,8 +11,9 @@ For n rows per rank (B, H, H_kv, D as set below), it times:
 * the LSE merge of one step's partial result into the running (O, LSE) (`merge_attention`);
 * backward of the full block and of the zigzag step (`attention._backward`, with the global O, LSE).
 
-Each is gated on correctness first (the forward against SDPA in float32 on the same block; the merge
-against the whole-block result), timed with `triton.testing.do_bench(return_mode="median")` after
+Each is gated on correctness first (the forward against attention in float32 on the same block; the
+merge against the whole-block result), SDPA (`F.scaled_dot_product_attention`, its default backend) is
+timed on the same forward blocks beside it, and everything is timed with `triton.testing.do_bench(return_mode="median")` after
 a warm-up.  From the times it prints the bytes a step sends (K/V, and dK/dV in the backward) and the
 bandwidth that would hide the transfer under that step's compute, next to NVLink (~450 GB/s per
 direction) and InfiniBand (~50 GB/s); and a one-process ring (`simulate_ring`, all ranks in turn)
@@ -77,6 +78,12 @@ def run(n, B, H, H_kv, D, dtype):
         t = bench(lambda: _forward(*args, scale, False))
         fl = 4.0 * B * H * args[0].shape[2] * args[1].shape[2] * D * (0.5 if args[3] else 1.0)
         rows[name] = dict(seconds=t, tflops=fl / t / 1e12)
+        # the peer: SDPA on the same block (its public call returns no LSE, which a ring step needs)
+        so = F.scaled_dot_product_attention(*args[:3], is_causal=args[3], scale=scale)
+        if not (so[:, :2].float() - ro).abs().max().item() <= tol:
+            raise SystemExit(f"SDPA {name} n={n}: wrong")
+        ts = bench(lambda: F.scaled_dot_product_attention(*args[:3], is_causal=args[3], scale=scale))
+        rows[name]["sdpa_seconds"] = ts
     # the merge of one step: (O, LSE) of the first half of the keys with the second half's
     o1, l1 = _forward(q, ke[:, :, :h], ve[:, :, :h], False, scale, False)
     o2, l2 = _forward(q, ke[:, :, h:], ve[:, :, h:], False, scale, False)
@@ -127,7 +134,8 @@ def main():
 
     results = {}
     hdr = (f"{'n':>6} {'fwd full':>10} {'fwd diag':>10} {'fwd zz':>10} {'merge':>9} {'bwd full':>10} "
-           f"{'bwd zz':>10} | {'hide fwd zz GB/s':>16} {'hide bwd zz GB/s':>16}")
+           f"{'bwd zz':>10} | {'hide fwd zz GB/s':>16} {'hide bwd zz GB/s':>16} | {'SDPA full':>10} "
+           f"{'SDPA diag':>10} {'SDPA zz':>10}")
     lines = [hdr]
     for n in a.ns:
         r = run(n, a.B, a.H, a.H_kv, a.D, dtype)
@@ -137,7 +145,9 @@ def main():
         need_b = r["bytes"]["kv_and_dkv"] / r["bwd zigzag half"]["seconds"] / 1e9
         lines.append(f"{n:>6} {us['fwd full']:>8.1f}us {us['fwd diagonal']:>8.1f}us {us['fwd zigzag half']:>8.1f}us "
                      f"{us['merge']:>7.1f}us {us['bwd full']:>8.1f}us {us['bwd zigzag half']:>8.1f}us | "
-                     f"{need_f:>16.0f} {need_b:>16.0f}")
+                     f"{need_f:>16.0f} {need_b:>16.0f} | "
+                     + " ".join(f"{r[k]['sdpa_seconds'] * 1e6:>8.1f}us" for k in ("fwd full", "fwd diagonal",
+                                                                               "fwd zigzag half")))
         r["hide_gbps"] = dict(fwd_zigzag=need_f, bwd_zigzag=need_b)
     rec = dict(machine=dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                             python=platform.python_version()),
