@@ -113,17 +113,17 @@ def _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout):
     B, H, n, D = q.shape
     o = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
     lse = torch.full((B, H, n), -math.inf, device=q.device, dtype=torch.float32)
-    kv = [k, v]
+    kv = [k, v]                                          # the block held now: rank (r - step)'s
     for step in range(ring.world):
         reqs = None
         if step + 1 < ring.world:
-            nxt, reqs = ring.pass_on(kv)
+            nxt, reqs = ring.pass_on(kv)                 # (1) the next block in flight during (2)-(3)
         ke, ve = (_expand_heads(t, H) for t in kv)
-        for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):
-            o_s, lse_s = _forward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)
-            o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)
+        for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):     # full, diagonal or none
+            o_s, lse_s = _forward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)  # (2)
+            o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)      # (3)
         if reqs is not None:
-            _wait(reqs)
+            _wait(reqs)                                  # (4)
             kv = nxt
     return o.to(q.dtype), lse
 
