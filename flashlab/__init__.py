@@ -11,13 +11,18 @@ from . import reference  # noqa: F401
 
 if device.TRITON:
     from .attention import flash_attention  # noqa: F401
+    from .variants import flash_attention_varlen  # noqa: F401  (registers torch.ops.flashlab.variant_*)
     from .decode import flash_decode  # noqa: F401
     from . import op  # noqa: F401  (registers torch.ops.flashlab.attention_forward/backward)
 else:
-    def flash_attention(q, k, v, causal: bool = False, scale=None, return_lse: bool = False, *,
-                        allow_tf32: bool = False):
+    def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                        enable_gqa=False, **kwargs):
         """FlashAttention-2 in Triton: not available here, because Triton is not installed."""
         device.require_triton("flashlab.flash_attention")
+
+    def flash_attention_varlen(*args, **kwargs):
+        """Attention over packed sequences in Triton: not available here, because Triton is not installed."""
+        device.require_triton("flashlab.flash_attention_varlen")
 
     def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, is_causal: bool = False,
                      scale=None, softcap=None, window=None, num_splits=None, return_lse: bool = False):
@@ -25,6 +30,6 @@ else:
         device.require_triton("flashlab.flash_decode")
 
 __version__ = "0.1.0"
-__all__ = ["device", "reference", "flash_attention", "flash_decode", "__version__"]
+__all__ = ["device", "reference", "flash_attention", "flash_attention_varlen", "flash_decode", "__version__"]
 
 device.register_magics()

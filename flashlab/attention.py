@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import device
+from . import variants
 from .kernels.plan import BACKWARD, FORWARD, kernel_head_dim, plan_for
 
 __all__ = ["flash_attention", "check_inputs", "MAX_HEAD_DIM"]
@@ -252,23 +253,57 @@ def _attention(q, k, v, causal, scale, allow_tf32):
     return call.forward(q, k, v, scale)   # nothing to differentiate: no autograd node
 
 
-def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
-                    return_lse: bool = False, *, allow_tf32: bool = False):
+def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False, *, window=None, softcap=None, alibi_slopes=None, seed=None,
+                    return_lse=False, causal=None, allow_tf32=False):
     """FlashAttention-2: softmax(scale * q k^T) v without ever storing an N x N matrix.
 
+    Shaped like ``F.scaled_dot_product_attention`` (the same positional order), so it drops
+    into an SDPA call site (nanoGPT's ``flash_attention(q, k, v, attn_mask=None,
+    dropout_p=0.0, is_causal=True)`` runs unchanged).
+
     Args:
-        q: (B, H, Nq, D); k, v: (B, H, Nk, D).  fp16, bf16 or fp32, on CUDA (compiled
-            Triton) or on the CPU (Triton interpreter).  Any strides.
-        causal: top-left causal mask, query i sees keys j <= i (SDPA's ``is_causal``).
+        query: (B, H, Nq, D); key, value: (B, H_kv, Nk, D).  fp16, bf16 or fp32, on CUDA
+            (compiled Triton) or on the CPU (Triton interpreter).  Any strides.
+        attn_mask: bool (True = attend, SDPA's meaning) or float (added to the scaled scores),
+            broadcastable to (B, H, Nq, Nk); read tile by tile, never copied; no gradient.
+        dropout_p: probability of dropping an attention weight (Philox in the kernel; the
+            backward regenerates the mask; kept weights scaled by 1 / (1 - p)).
+        is_causal: top-left causal mask, query i sees keys j <= i.  ``causal=`` is an alias.
         scale: softmax scale, default 1/sqrt(D).
-        return_lse: also return the log-sum-exp (B, H, Nq), float32, natural log.
+        enable_gqa: allow H_kv < H (grouped-query / multi-query), H % H_kv == 0.
+        window: (left, right): query i sees keys i - left ... i + right; -1 unbounded.
+        softcap: s -> softcap * tanh(s / softcap), after scaling (Gemma 2: 50.0 / 30.0).
+        alibi_slopes: (H,) or (B, H): s -= slope * |i - j|.
+        seed: dropout's seed; None draws one from torch's generator (``torch.manual_seed``).
+        return_lse: also return the log-sum-exp (B, H, Nq), float32, natural log (-inf for a
+            row that sees no key; its O is 0).
         allow_tf32: let fp32 inputs use TF32 tensor cores (faster, ~1e-3 relative error).
 
     Returns:
-        o (B, H, Nq, D) in the dtype of q, or (o, lse).  ``o`` is differentiable
-        with respect to q, k and v; lse is not.
+        o (B, H, Nq, D) in the dtype of query, or (o, lse).  ``o`` is differentiable with
+        respect to query, key and value; lse is not.
 
-    Does not do: dropout, attention bias or arbitrary masks, GQA (k/v with fewer heads).
+    A Python bool in ``attn_mask``'s place is read as the course's first positional order,
+    ``flash_attention(q, k, v, causal, scale, return_lse)`` (masks are tensors, so it is unambiguous).
+
+    Packed sequences of different lengths: :func:`flashlab.flash_attention_varlen`.  The
+    variants run forward v4 / backward v5 (flashlab/variants.py); a plain call runs the
+    kernels tuned for it.
     """
-    o, lse = _attention(q, k, v, causal, scale, allow_tf32)
+    if isinstance(attn_mask, bool):   # the course's first order, flash_attention(q, k, v, causal, scale, return_lse)
+        attn_mask, is_causal, return_lse = None, attn_mask, bool(return_lse or is_causal)
+        if dropout_p is None or dropout_p != 0.0:
+            scale, dropout_p = (dropout_p if scale is None else scale), 0.0
+    if causal is not None:
+        is_causal = variants._causal_alias(is_causal, causal)
+    if variants.uses_variants(attn_mask, dropout_p, enable_gqa, window, softcap, alibi_slopes, query, key):
+        return variants.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                  window=window, softcap=softcap, alibi_slopes=alibi_slopes, seed=seed,
+                                  return_lse=return_lse, allow_tf32=allow_tf32)
+    if is_causal is not True and is_causal is not False:
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an int or None, got {seed!r}")
+    o, lse = _attention(query, key, value, is_causal, scale, allow_tf32)
     return (o, lse) if return_lse else o

@@ -18,8 +18,10 @@ unbounded) are relative to it.  GQA/MQA follow the cache's head count (H % H_kv 
 
 What is checked where (nothing here synchronises with the GPU, so a call can be captured in a
 CUDA graph):
-  * on the host, always: types, dtypes, ranks, shapes, devices, head counts, block_table's dtype
-    and shape, scale / softcap / window / num_splits values;
+  * on the host: types, dtypes, ranks, shapes, devices, head counts, block_table's dtype and
+    shape, scale / softcap / window / num_splits values (once per combination of shapes, dtypes and
+    options, whose launch plan is then looked up: a decode step is short enough that the host's
+    work shows), and requires_grad on every call;
   * on the host, only when the tensors are on the CPU (reading them costs no sync there): that
     0 <= cache_seqlens <= capacity and that the block-table entries a sequence uses lie in
     [0, num_blocks);
@@ -77,10 +79,6 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, wind
     if q.dtype == torch.bfloat16 and q.device.type == "cuda" and not device.bf16_supported():
         raise TypeError(f"bf16 kernels need compute capability 8.0 or newer; this GPU, "
                         f"{torch.cuda.get_device_name(q.device)}, has fp16: use torch.float16")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
-        raise RuntimeError("flash_decode is for inference and has no autograd (no backward): call it under "
-                           "torch.no_grad() or torch.inference_mode(), or pass tensors detached with .detach(); "
-                           "for training use flashlab.flash_attention")
     B, H, Nq, D = q.shape
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
@@ -125,19 +123,6 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, wind
         if cache_seqlens.device != q.device:
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q on {q.device}; "
                              f"move it with .to(q.device)")
-        if q.device.type == "cpu":   # free on the CPU; on a GPU it would be a sync (the kernel clamps there)
-            lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
-            if lo < 0 or hi > capacity:
-                what = "N_max = k_cache.shape[2]" if block_table is None else "max_blocks * block_size"
-                raise ValueError(f"cache_seqlens must lie in [0, {capacity}] ({what}), got values in [{lo}, {hi}]")
-    if block_table is not None and q.device.type == "cpu":
-        lens = cache_seqlens.long() if cache_seqlens is not None else torch.full((B,), capacity, dtype=torch.long)
-        used = torch.arange(block_table.shape[1])[None, :] < ((lens + page - 1) // page)[:, None]
-        vals = block_table[used]
-        if vals.numel() and (int(vals.min()) < 0 or int(vals.max()) >= n0):
-            raise ValueError(f"block_table holds physical block numbers outside [0, num_blocks = {n0}) in the blocks "
-                             f"the sequences use (got [{int(vals.min())}, {int(vals.max())}])")
-
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
     if softcap is not None and not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
@@ -153,6 +138,29 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, wind
     return B, H, Nq, D, H_kv, capacity, page
 
 
+def _check_grad(q, k_cache, v_cache):
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
+        raise RuntimeError("flash_decode is for inference and has no autograd (no backward): call it under "
+                           "torch.no_grad() or torch.inference_mode(), or pass tensors detached with .detach(); "
+                           "for training use flashlab.flash_attention")
+
+
+def _check_values_on_cpu(cache_seqlens, block_table, capacity, page, n_blocks, B):
+    """The checks that read tensor values: done only for CPU tensors, where reading costs no sync."""
+    if cache_seqlens is not None:
+        lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if lo < 0 or hi > capacity:
+            what = "N_max = k_cache.shape[2]" if block_table is None else "max_blocks * block_size"
+            raise ValueError(f"cache_seqlens must lie in [0, {capacity}] ({what}), got values in [{lo}, {hi}]")
+    if block_table is not None:
+        lens = cache_seqlens.long() if cache_seqlens is not None else torch.full((B,), capacity, dtype=torch.long)
+        used = torch.arange(block_table.shape[1])[None, :] < ((lens + page - 1) // page)[:, None]
+        vals = block_table[used]
+        if vals.numel() and (int(vals.min()) < 0 or int(vals.max()) >= n_blocks):
+            raise ValueError(f"block_table holds physical block numbers outside [0, num_blocks = {n_blocks}) in the "
+                             f"blocks the sequences use (got [{int(vals.min())}, {int(vals.max())}])")
+
+
 # ------------------------------------------------------------------------------------------------ configs
 
 @functools.lru_cache(maxsize=None)
@@ -164,8 +172,12 @@ def decode_config(head_dim: int, dtype: torch.dtype, rows: int) -> dict:
     """Tile sizes and launch parameters of the split kernel: BLOCK_N (keys per tile), num_warps, num_stages.
 
     The split kernel moves K/V bytes and does almost no arithmetic, so what matters is many bytes in
-    flight: tiles of 64 keys and a 3-deep software pipeline keep ~64 KB of loads outstanding per program
-    at D = 128 in bf16 (two such programs fit one H200 multiprocessor's shared memory).
+    flight.  At D = 128 in bf16, 64-key tiles and num_stages=3 (compiled for sm_90 with Triton 3.6):
+    the contiguous kernel double-buffers K and V through asynchronous copies (70 KB of shared memory,
+    ~90-100 registers: 3 programs per multiprocessor); the paged kernel's K/V loads wait on its
+    block-table load, and the pipeliner gives them one buffer (38 KB, ~115-128 registers: 4 programs).
+    On the H200 (2026-12-01, B 8, H_kv 8, 32k keys) 128-key tiles or 4 stages timed the same as this
+    (within 1 %), 32-key tiles 9 % slower.
     """
     if device.INTERPRET:
         return dict(BLOCK_N=16, num_warps=4, num_stages=1)
@@ -184,6 +196,11 @@ def choose_num_splits(programs: int, n_tiles: int, sms: int, occupancy: int = 2)
     (the last wave's idle share).  Among the splits that leave each at least MIN_TILES_PER_SPLIT tiles,
     take the smallest whose efficiency is within 10 % of the best (fewer splits: less partial state to
     merge).  A batch that already fills the GPU gets one split (no merge at all).
+
+    flash_decode passes occupancy 2 for a contiguous cache and 4 for a paged one, whose programs each
+    keep one K/V tile in flight instead of two.  Measured on the H200 (B 8, H_kv 8, D 128, bf16): a
+    contiguous cache read at 4.45 TB/s with 4 splits at 128k keys (2: 4.28, 8: 3.98, 33: 4.42), a
+    paged one (blocks of 16) at 3.70 with 4 splits and 4.36 with 8 (16: 4.34).
     """
     slots = sms * occupancy
     if programs >= slots:
@@ -226,26 +243,50 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, i
     Returns:
         o (B, H, Nq, D) in q's dtype, or (o, lse).  A row that sees no key gets o = 0 and lse = -inf.
 
-    Inference only: no autograd.  No host synchronisation and no allocation whose size depends on
-    tensor *values*, so a call can be captured in a CUDA graph (after one warm-up call compiles it).
+    Inference only: no autograd; an input that requires grad while grad mode is on is refused
+    (RuntimeError), so run it under torch.no_grad() or torch.inference_mode().  No host
+    synchronisation and no allocation whose size depends on tensor *values*, so a call can be
+    captured in a CUDA graph (after one warm-up call compiles it).  With is_causal and a window,
+    the window's right bound becomes min(right, 0).
     """
     return _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window,
                    num_splits, return_lse)
 
 
-def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
-            return_lse, config=None):
-    """flash_decode's body; ``config`` (a decode_config dict) forces the tile sizes (scripts/bench_decode.py)."""
+_PLANS: dict = {}   # launch plans by everything the checks and the tiling depend on (shapes, dtypes, options)
+
+
+def _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
+              return_lse, config):
+    """The cache key of a call, or None when an argument is not what a plan can describe (the checks say why)."""
+    if not (isinstance(q, torch.Tensor) and isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)):
+        return None
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        return None
+    if block_table is not None and not isinstance(block_table, torch.Tensor):
+        return None
+    try:
+        return (q.shape, q.dtype, q.device, k_cache.shape, k_cache.dtype, k_cache.device, v_cache.shape, v_cache.dtype,
+                v_cache.device,
+                None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device),
+                None if block_table is None else (block_table.shape, block_table.dtype, block_table.device),
+                bool(is_causal), scale, softcap, None if window is None else tuple(window), num_splits,
+                bool(return_lse), None if config is None else tuple(sorted(config.items())))
+    except TypeError:   # an unhashable option (a list window, say): no cache, the checks still run
+        return None
+
+
+def _make_plan(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
+               return_lse, config):
+    """Check the call's shapes and options, then work out everything the launches need but the tensors' addresses."""
     B, H, Nq, D, H_kv, capacity, page = _check(q, k_cache, v_cache, cache_seqlens, block_table,
                                                scale, softcap, window, num_splits)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
     if is_causal:
         right = 0 if right < 0 else min(right, 0)
-
-    out_dtype = q.dtype
-    if q.dtype == torch.bfloat16 and device.INTERPRET:   # the interpreter's bf16 tl.dot is wrong
-        q, k_cache, v_cache = (t.float() for t in (q, k_cache, v_cache))
+    upcast = q.dtype == torch.bfloat16 and device.INTERPRET     # the interpreter's bf16 tl.dot is wrong
+    cdt = torch.float32 if upcast else q.dtype
 
     G = H // H_kv
     rows = G * Nq
@@ -253,8 +294,9 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, s
     max_rows = 128 if block_d <= 128 else 64
     block_m = min(max(16, _next_pow2(rows)), max_rows)
     n_row_blocks = -(-rows // block_m)
-    cfg = dict(config or decode_config(D, q.dtype, block_m))
+    cfg = dict(config or decode_config(D, cdt, block_m))
     block_n = cfg.pop("BLOCK_N")
+    paged = block_table is not None
 
     span = capacity if left < 0 else min(capacity, left + Nq + block_n)   # keys one sequence can need
     n_tiles = -(-span // block_n)
@@ -262,39 +304,64 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, s
     if num_splits is None:
         sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device()) \
             if q.device.type == "cuda" else 4
-        num_splits = choose_num_splits(programs, n_tiles, sms)
+        # the paged kernel keeps one K/V tile in flight per program (its loads wait on the block table), the
+        # contiguous one two: the paged one needs twice the programs for as many bytes in flight
+        num_splits = choose_num_splits(programs, n_tiles, sms, occupancy=4 if paged else 2)
     S = int(num_splits)
     if programs * S >= 2**31:
         raise ValueError(f"{programs * S} programs exceed the grid limit 2^31 - 1; use fewer num_splits or split the batch")
+    n_rows = B * H * Nq
+    consts = dict(PAGED=paged, PAGE=max(page, 1), HAS_SEQLENS=cache_seqlens is not None,
+                  HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
+                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=D, DOT_PRECISION="ieee", **cfg)
+    ints = (H_kv, G, Nq, capacity, k_cache.shape[0], S, n_row_blocks, n_rows * S * D if S > 1 else 0,
+            scale, float(softcap) if softcap is not None else 1.0, left, right)
+    merge = dict(BLOCK_S=_next_pow2(S), BLOCK_D=block_d, HEAD_DIM=D, num_warps=4 if S * block_d <= 8192 else 8)
+    return dict(B=B, H=H, Nq=Nq, D=D, S=S, capacity=capacity, page=page, upcast=upcast, grid=(programs * S,),
+                n_rows=n_rows, ints=ints, consts=consts, merge=merge, n_blocks=k_cache.shape[0])
 
-    o = torch.empty((B, H, Nq, D), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
-    if S == 1:
-        o_part, l_part = o, lse
-        so = (*o.stride()[:3], 0, o.stride(3))
-        sl = (*lse.stride(), 0)
-    else:
-        o_part = torch.empty((B, H, Nq, S, D), device=q.device, dtype=torch.float32)
-        l_part = torch.empty((B, H, Nq, S), device=q.device, dtype=torch.float32)
-        so, sl = o_part.stride(), l_part.stride()
+
+def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
+            return_lse, config=None):
+    """flash_decode's body; ``config`` (a decode_config dict) forces the tile sizes (scripts/bench_decode.py).
+
+    A decode step takes tens of microseconds on a GPU, so the host's work per call is kept small: the
+    checks and the tiling are worked out once per combination of shapes, dtypes and options (a plan) and
+    looked up after that; each call then only allocates the outputs and launches.
+    """
+    key = _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window,
+                    num_splits, return_lse, config)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        plan = _make_plan(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window,
+                          num_splits, return_lse, config)
+        if key is not None:
+            if len(_PLANS) > 512:
+                _PLANS.clear()
+            _PLANS[key] = plan
+    _check_grad(q, k_cache, v_cache)
+    if q.device.type == "cpu":
+        _check_values_on_cpu(cache_seqlens, block_table, plan["capacity"], plan["page"], plan["n_blocks"], plan["B"])
+
+    out_dtype = q.dtype
+    if plan["upcast"]:
+        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+    B, H, Nq, D, S = plan["B"], plan["H"], plan["Nq"], plan["D"], plan["S"]
+    dev = q.device
+    o = torch.empty((B, H, Nq, D), device=dev, dtype=q.dtype)
+    lse = torch.empty((B, H, Nq), device=dev, dtype=torch.float32) if return_lse else o
+    ws = torch.empty(plan["n_rows"] * S * (D + 1), device=dev, dtype=torch.float32) if S > 1 else None
 
     paged = block_table is not None
-    bt = block_table if paged else lse                  # any tensor: not read when not paged
-    seq = cache_seqlens if cache_seqlens is not None else lse
+    bt = block_table if paged else o                  # any tensor: not read when not paged
+    seq = cache_seqlens if cache_seqlens is not None else o
     bts = block_table.stride() if paged else (0, 0)
-    decode_split_kernel[(programs * S,)](
-        q, k_cache, v_cache, bt, seq, o_part, l_part,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *bts, *so, *sl,
-        H_kv, G, Nq, capacity, k_cache.shape[0], S, n_row_blocks,
-        scale, float(softcap) if softcap is not None else 1.0, left, right,
-        PAGED=paged, PAGE=max(page, 1), HAS_SEQLENS=cache_seqlens is not None,
-        HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=D, DOT_PRECISION="ieee",
-        **cfg)
+    decode_split_kernel[plan["grid"]](
+        q, k_cache, v_cache, bt, seq, o if S == 1 else ws, lse if S == 1 else ws,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *bts, *plan["ints"],
+        STORE_LSE=return_lse or S > 1, **plan["consts"])
     if S > 1:
-        decode_merge_kernel[(B * H * Nq,)](
-            o_part, l_part, o, lse, *o_part.stride(), *l_part.stride(), *o.stride(), *lse.stride(),
-            H, Nq, S, BLOCK_S=_next_pow2(S), BLOCK_D=block_d, HEAD_DIM=D, num_warps=4 if S * block_d <= 8192 else 8)
+        decode_merge_kernel[(plan["n_rows"],)](ws, o, lse, plan["ints"][7], S, STORE_LSE=return_lse, **plan["merge"])
     if o.dtype != out_dtype:   # bf16 computed in fp32 by the interpreter
         o = o.to(out_dtype)
     return (o, lse) if return_lse else o

@@ -288,6 +288,105 @@ def attention_backward(q, k, v, o, lse, do, causal: bool = False, block_q: int =
 
 
 # ----------------------------------------------------------------------------
+# 6. attention variants (notebook 08): the naive torch reference, S materialised
+# ----------------------------------------------------------------------------
+
+def variant_scores_torch(q, k, *, scale=None, is_causal: bool = False, window=None, softcap=None,
+                         alibi_slopes=None, attn_mask=None):
+    """Scores S (B, H, Nq, Nk) of every variant, in the kernels' order, -inf where not visible.
+
+    q (B, H, Nq, D), k (B, H_kv, Nk, D) with H % H_kv == 0 (GQA: query head h reads K/V head
+    h // (H / H_kv)).  Order: scale; soft-cap ``c * tanh(s / c)``; ALiBi ``s -= slope * |i - j|``
+    (slopes (H,) or (B, H)); an additive float ``attn_mask``; then the keep-test: a bool
+    ``attn_mask`` (True = attend), ``is_causal`` (j <= i) and ``window=(left, right)``
+    (i - left <= j <= i + right, -1 unbounded), all top-left aligned.
+    """
+    import torch
+
+    H, Hk = q.shape[1], k.shape[1]
+    if H != Hk:
+        k = k.repeat_interleave(H // Hk, dim=1)
+    s = _scale(q.shape[-1], scale) * (q @ k.transpose(-1, -2))
+    nq, nk = s.shape[-2], s.shape[-1]
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        sl = alibi_slopes.to(s.dtype)
+        sl = sl[None, :, None, None] if sl.dim() == 1 else sl[:, :, None, None]
+        s = s - sl * (i - j).abs().to(s.dtype)
+    keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            keep = keep & attn_mask
+        else:
+            s = s + attn_mask.to(s.dtype)
+    if is_causal:
+        keep = keep & (j <= i)
+    if window is not None:
+        left, right = window
+        if left >= 0:
+            keep = keep & (j >= i - left)
+        if right >= 0:
+            keep = keep & (j <= i + right)
+    return s.masked_fill(~keep, float("-inf"))
+
+
+def attention_variants_torch(q, k, v, *, dropout_mask=None, dropout_p: float = 0.0, **score_kw):
+    """(O, LSE) of every variant, naive and differentiable (run it in float64 for the tests' reference).
+
+    ``score_kw``: the arguments of :func:`variant_scores_torch`.  A row that sees no key gives
+    O = 0 and LSE = -inf (and zero gradients), never NaN.  Dropout: ``dropout_mask`` (bool, True =
+    kept, broadcastable to S) is applied to the normalised P, kept values scaled by 1 / (1 - p);
+    the LSE is that of the undropped scores.
+    """
+    import torch
+
+    H, Hk = q.shape[1], k.shape[1]
+    s = variant_scores_torch(q, k, **score_kw)
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)                 # a row with no key: any shift
+    e = torch.exp(s - m)
+    l_ = e.sum(dim=-1, keepdim=True)
+    p = e / torch.where(l_ == 0, torch.ones_like(l_), l_)
+    lse = (m + torch.log(l_))[..., 0]
+    if dropout_mask is not None:
+        p = torch.where(dropout_mask, p / (1.0 - dropout_p), torch.zeros_like(p))
+    vv = v.repeat_interleave(H // Hk, dim=1) if H != Hk else v
+    return p @ vv, lse
+
+
+def attention_varlen_torch(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw):
+    """Packed (total, H, D) sequences: :func:`attention_variants_torch` per sequence; LSE (H, total_q).
+
+    ``alibi_slopes`` may be (H,) or (S, H) (one row per sequence); ``dropout_mask`` a list with one
+    (1, H, Nq_i, Nk_i) mask per sequence.
+    """
+    import torch
+
+    cq, ck = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qi = q[cq[b]:cq[b + 1]].transpose(0, 1)[None]
+        ki = k[ck[b]:ck[b + 1]].transpose(0, 1)[None]
+        vi = v[ck[b]:ck[b + 1]].transpose(0, 1)[None]
+        if qi.shape[2] == 0:
+            continue
+        if ki.shape[2] == 0:                                               # no keys: O = 0, LSE = -inf
+            outs.append(torch.zeros_like(q[cq[b]:cq[b + 1]]))
+            lses.append(torch.full((q.shape[1], qi.shape[2]), float("-inf"), dtype=q.dtype, device=q.device))
+            continue
+        kwb = dict(kw)
+        sl = kw.get("alibi_slopes")
+        if sl is not None and sl.dim() == 2:
+            kwb["alibi_slopes"] = sl[b]
+        if kw.get("dropout_mask") is not None:
+            kwb["dropout_mask"] = kw["dropout_mask"][b]
+        o, lse = attention_variants_torch(qi, ki, vi, **kwb)
+        outs.append(o[0].transpose(0, 1))
+        lses.append(lse[0])
+    return torch.cat(outs, 0), torch.cat(lses, -1)
 # 5. decoding against a KV cache (flashlab.flash_decode's reference)
 # ----------------------------------------------------------------------------
 

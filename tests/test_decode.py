@@ -200,6 +200,9 @@ def test_num_splits_heuristic():
     assert 8 * s >= 0.8 * 132 and 2048 // s >= 4
     assert choose_num_splits(programs=8, n_tiles=3, sms=132) == 1      # too short to split
     assert choose_num_splits(programs=64, n_tiles=128, sms=132) * 64 <= 2 * 132 * 2
+    # the H200 benchmark shape (B 8 x H_kv 8 programs, 128k keys in 64-key tiles): the splits measured best
+    assert choose_num_splits(programs=64, n_tiles=2048, sms=132, occupancy=2) == 4     # contiguous
+    assert choose_num_splits(programs=64, n_tiles=2048, sms=132, occupancy=4) == 8     # paged
 
 
 def test_rows_that_see_no_key(rng):
@@ -309,3 +312,20 @@ def test_gpu_cuda_graph_capture(rng):
             torch.cuda.synchronize()
             want = flash_decode(*args, lens, is_causal=True, **kw)
             assert torch.allclose(o_static.float(), want.float(), atol=2e-2), (paged, new)
+
+
+def test_without_triton_says_so(tmp_path):
+    """Where Triton is not installed (macOS, Windows), flash_decode raises TritonMissing, offering Colab."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "sitecustomize.py").write_text('import sys\nsys.modules["triton"] = None\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]))
+    env.pop("TRITON_INTERPRET", None)
+    code = ("import torch, flashlab\nfrom flashlab import device\nq = torch.randn(1, 1, 1, 16)\n"
+            "try:\n    flashlab.flash_decode(q, q, q)\nexcept device.TritonMissing as e:\n    print('MISSING', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "MISSING" in r.stdout and "flashlab.flash_decode" in r.stdout and "Colab" in r.stdout, r.stdout

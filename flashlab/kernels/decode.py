@@ -55,20 +55,20 @@ def decode_split_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_btb, stride_btm,
-    stride_ob, stride_oh, stride_ot, stride_os, stride_od,
-    stride_lb, stride_lh, stride_lt, stride_ls,
-    H_KV, G, Nq, N_CAP, NUM_BLOCKS, NUM_SPLITS, N_ROW_BLOCKS,
+    H_KV, G, Nq, N_CAP, NUM_BLOCKS, NUM_SPLITS, N_ROW_BLOCKS, L_OFFSET,
     scale, softcap, win_left, win_right,
     PAGED: tl.constexpr, PAGE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
-    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, STORE_LSE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """One program: (split, row block, KV head, sequence) on a 1-D grid, split fastest.
 
     Rows of the tile: r = g * Nq + t for query head kvh * G + g and new row t (r < G * Nq).
-    O, L: the partial states (B, H, Nq, NUM_SPLITS[, D]) float32, or with one split the outputs
-    themselves (stride_os = stride_ls = 0).
+    O, L + L_OFFSET: contiguous partial states (B, H, Nq, NUM_SPLITS, HEAD_DIM) and (B, H, Nq, NUM_SPLITS)
+    float32 (one workspace), or with one split the outputs themselves, (B, H, Nq, HEAD_DIM) and (B, H, Nq):
+    the same addresses with NUM_SPLITS = 1.  Fewer arguments than strides for each: a decode step is
+    short enough that the launch's cost on the host shows.
     """
     pid = tl.program_id(0)
     split = pid % NUM_SPLITS
@@ -157,49 +157,40 @@ def decode_split_kernel(
     o = acc / tl.where(seen, l_i, 1.0)[:, None]                          # no key: acc = 0, O = 0
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)) * LN2_K, float("-inf"))
 
-    o_ptrs = (O + off_b.to(tl.int64) * stride_ob + head[:, None].to(tl.int64) * stride_oh
-              + t[:, None] * stride_ot + split * stride_os + offs_d[None, :] * stride_od)
+    slot = ((off_b.to(tl.int64) * (H_KV * G) + head) * Nq + t) * NUM_SPLITS + split     # (b, h, t, split)
+    o_ptrs = O + slot[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-    l_ptrs = L + off_b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + t * stride_lt + split * stride_ls
-    tl.store(l_ptrs, lse, mask=row_ok)
+    if STORE_LSE:
+        tl.store(L + L_OFFSET + slot, lse, mask=row_ok)
 
 
 @triton.jit
 def decode_merge_kernel(
-    OP, LP, O, L,
-    stride_pb, stride_ph, stride_pt, stride_ps, stride_pd,
-    stride_lpb, stride_lph, stride_lpt, stride_lps,
-    stride_ob, stride_oh, stride_ot, stride_od,
-    stride_lb, stride_lh, stride_lt,
-    H, Nq, NUM_SPLITS,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    WS, O, L, L_OFFSET, NUM_SPLITS,
+    STORE_LSE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
-    """One program per query row (b, h, t): merge its NUM_SPLITS partial states.
+    """One program per query row (b, h, t), its index ``row``: merge its NUM_SPLITS partial states.
 
-    Normalised parts (O_s, L_s):  L = max_s L_s + log sum_s e^(L_s - max),  O = sum_s e^(L_s - L) O_s.
+    WS holds the parts O_s (rows, NUM_SPLITS, HEAD_DIM) and, from L_OFFSET on, L_s (rows, NUM_SPLITS);
+    O (rows, HEAD_DIM) and L (rows,) are contiguous.  Normalised parts:
+        L = max_s L_s + log sum_s e^(L_s - max),    O = sum_s e^(L_s - L) O_s.
     """
-    pid = tl.program_id(0)
-    t = pid % Nq
-    bh = pid // Nq
-    off_h = bh % H
-    off_b = bh // H
+    row = tl.program_id(0).to(tl.int64)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < NUM_SPLITS
     d_ok = offs_d < HEAD_DIM
-    lp = LP + off_b.to(tl.int64) * stride_lpb + off_h.to(tl.int64) * stride_lph + t * stride_lpt
-    lse_s = tl.load(lp + offs_s * stride_lps, mask=s_ok, other=float("-inf"))
+    lse_s = tl.load(WS + L_OFFSET + row * NUM_SPLITS + offs_s, mask=s_ok, other=float("-inf"))
     m = tl.max(lse_s, 0)
     m_ref = tl.where(m == float("-inf"), 0.0, m)
     w = tl.math.exp2((lse_s - m_ref) * LOG2E_K)                           # 0 for empty splits
     total = tl.sum(w, 0)
     seen = total > 0.0
     w = w / tl.where(seen, total, 1.0)
-    op = OP + off_b.to(tl.int64) * stride_pb + off_h.to(tl.int64) * stride_ph + t * stride_pt
-    parts = tl.load(op + offs_s[:, None] * stride_ps + offs_d[None, :] * stride_pd,
+    parts = tl.load(WS + (row * NUM_SPLITS + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
                     mask=s_ok[:, None] & d_ok[None, :], other=0.0)
     o = tl.sum(parts * w[:, None], 0)
-    lse = tl.where(seen, m_ref + tl.math.log2(tl.where(seen, total, 1.0)) * LN2_K, float("-inf"))
-    o_ptrs = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh + t * stride_ot + offs_d * stride_od
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=d_ok)
-    tl.store(L + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + t * stride_lt, lse)
+    tl.store(O + row * HEAD_DIM + offs_d, o.to(O.dtype.element_ty), mask=d_ok)
+    if STORE_LSE:
+        lse = tl.where(seen, m_ref + tl.math.log2(tl.where(seen, total, 1.0)) * LN2_K, float("-inf"))
+        tl.store(L + row, lse)

@@ -1,0 +1,379 @@
+"""FlashAttention-2 backward, v5: backward v2 with the attention variants as constexpr branches.
+
+Diff this file against backward_v2.py (its parent: two kernels, plain pointers, no atomics, so it
+runs everywhere and is deterministic).  The same dK/dV and dQ kernels; what changed:
+
+1. **Scores through forward v4's ``variant_scores``** (soft-cap, ALiBi, masks, the band), in either
+   orientation: the dK/dV kernel passes rows and columns transposed.  With every flag off it is
+   v2's single multiply.  Soft-cap's chain rule multiplies dS by 1 - tanh^2 (from the same call).
+2. **The band decides which tiles are visited**, in both kernels: the dQ program of query tile i
+   visits the key tiles the forward visited; the dK/dV program of key tile j visits the query
+   tiles whose band reaches it (rows j - right ... j + left).  Three stages each (masked edge,
+   unmasked inside, masked edge), v2's diagonal split generalised.
+3. **GQA without atomics.**  The dK/dV program of a K/V head loops over the GROUP query heads
+   that read it and sums their dK, dV in registers: one program owns each dK/dV row, so the
+   result does not depend on scheduling.  The dQ program of a query head reads its K/V head.
+4. **Rows that see no key** have LSE = -inf in the forward; here it is taken as +inf, so their
+   P = 0 and they add nothing: zero gradients, no NaN.
+5. **Dropout.**  The mask is regenerated with forward v4's ``dropout_keep`` on the same
+   (seed, batch * H + head, row, column), never stored:  dV += (P o Z)^T dO / (1 - p),
+   dP = (dO V^T) o Z / (1 - p), dS = P o (dP - Delta) with Delta = rowsum(dO o O) (O dropped).
+6. **Packed sequences (varlen)**: the sequence's rows start at CU_Q[b] / CU_K[b]; Delta and the
+   LSE have strides of their own (the packed LSE is (H, total_q)).
+
+Launch: ``launch_backward_v5`` at the end of the file.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import LOG2E_K, head_base, program_tile, tile_ptrs
+from .forward_v4 import (MASK_BOOL, MASK_NONE, band_tiles, dense_strides, dropout_keep, launch_first_that_fits,
+                         variant_scores)
+
+
+@triton.jit
+def flash_bwd_delta_v5(O, DO, Delta,
+                       stride_ob, stride_oh, stride_om, stride_od,
+                       stride_dob, stride_doh, stride_dom, stride_dod,
+                       stride_lb, stride_lh, stride_lm,
+                       H, N, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Delta_i = rowsum(dO_i o O_i) into a (B, H, N) array of any strides (packed: B = 1, N = total)."""
+    start_m, off_b, off_h = program_tile(tl.cdiv(N, BLOCK_M), H)
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_M + offs_r
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N
+    o = tl.load(tile_ptrs(head_base(O, off_b, off_h, stride_ob, stride_oh), start_m * BLOCK_M, offs_r, offs_d,
+                          stride_om, stride_od), mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(tile_ptrs(head_base(DO, off_b, off_h, stride_dob, stride_doh), start_m * BLOCK_M, offs_r, offs_d,
+                           stride_dom, stride_dod), mask=row_ok[:, None], other=0.0).to(tl.float32)
+    tl.store(head_base(Delta, off_b, off_h, stride_lb, stride_lh) + offs_m * stride_lm, tl.sum(o * do, 1),
+             mask=row_ok)
+
+
+@triton.jit
+def _lse2(lse):
+    """The LSE in base 2, with -inf (a row that saw no key) as +inf: its P = 2^(s - inf) = 0."""
+    l2 = lse * LOG2E_K
+    return tl.where(l2 == float("-inf"), float("inf"), l2)
+
+
+@triton.jit
+def _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+                   stride_qm, stride_dom, stride_lm, stride_dlm,
+                   offs_n, offs_m, Nq, Nk, sm_scale, softcap, left, right, slope,
+                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
+                   MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
+                   ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        row0 = tl.cast(start_m, tl.int64)
+        rows = start_m + offs_m
+        if MASKED:
+            row_ok = rows < Nq
+            q = tl.load(q_base + row0 * stride_qm + q_offs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_base + row0 * stride_dom + do_offs, mask=row_ok[:, None], other=0.0)
+            lse2 = _lse2(tl.load(lse_ptrs + row0 * stride_lm, mask=row_ok, other=0.0))
+            delta = tl.load(delta_ptrs + row0 * stride_dlm, mask=row_ok, other=0.0)
+        else:
+            q = tl.load(q_base + row0 * stride_qm + q_offs)
+            do = tl.load(do_base + row0 * stride_dom + do_offs)
+            lse2 = _lse2(tl.load(lse_ptrs + row0 * stride_lm))
+            delta = tl.load(delta_ptrs + row0 * stride_dlm)
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T (BLOCK_N, BLOCK_M)
+        x_t, t_t = variant_scores(s_t, rows[None, :], offs_n[:, None], Nq, Nk, sm_scale, softcap, left, right, slope,
+                                  mask_base, stride_mm, stride_mn, MASKED, BAND, MASK_KIND, SOFTCAP, ALIBI)
+        p_t = tl.math.exp2(x_t - lse2[None, :])                                     # P^T
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dO V^T)^T
+        if DROPOUT:
+            keep = dropout_keep(seed, bh, rows[None, :], offs_n[:, None], p_drop)
+            inv = 1.0 / (1.0 - p_drop)
+            dv = tl.dot(tl.where(keep, p_t * inv, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            dp_t = tl.where(keep, dp_t * inv, 0.0)
+        else:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)    # dV_j += P^T dO_i
+        ds_t = p_t * (dp_t - delta[None, :])                                        # dS^T
+        if SOFTCAP:
+            ds_t = ds_t * (1.0 - t_t * t_t)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=DOT_PRECISION)         # dK_j += dS^T Q_i
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=["seed"])
+def flash_bwd_dkdv_kernel_v5(
+    Q, K, V, DO, LSE, Delta, DK, DV, MASK, SLOPES, CU_Q, CU_K,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_lb, stride_lh, stride_lm,
+    stride_db, stride_dh, stride_dlm,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_sb, stride_sh,
+    H, GROUP, Nq, Nk, sm_scale, softcap, left, right, p_drop, seed,
+    BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """dK_j, dV_j of one K/V tile of K/V head h_kv, summed over its GROUP query heads (grid over H // GROUP)."""
+    start_n, off_b, off_hk = program_tile(tl.cdiv(Nk, BLOCK_N), H // GROUP)
+    if VARLEN:
+        q_start = tl.load(CU_Q + off_b)
+        k_start = tl.load(CU_K + off_b)
+        Nq = tl.load(CU_Q + off_b + 1) - q_start
+        Nk = tl.load(CU_K + off_b + 1) - k_start
+    else:
+        q_start = 0
+        k_start = 0
+    offs_c = tl.arange(0, BLOCK_N)
+    offs_n = start_n * BLOCK_N + offs_c
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < Nk
+
+    k_base = head_base(K, off_b, off_hk, stride_kb, stride_kh) + tl.cast(k_start, tl.int64) * stride_kn
+    v_base = head_base(V, off_b, off_hk, stride_vb, stride_vh) + tl.cast(k_start, tl.int64) * stride_vn
+    k = tl.load(tile_ptrs(k_base, start_n * BLOCK_N, offs_c, offs_d, stride_kn, stride_kd), mask=col_ok[:, None],
+                other=0.0)
+    v = tl.load(tile_ptrs(v_base, start_n * BLOCK_N, offs_c, offs_d, stride_vn, stride_vd), mask=col_ok[:, None],
+                other=0.0)
+    q_offs = offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    do_offs = offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod
+    lo, full_lo, full_hi, hi = band_tiles(start_n * BLOCK_N, BLOCK_N, BLOCK_M, Nq, right, left,
+                                          start_n * BLOCK_N < Nk)
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for g in range(0, GROUP):                                          # the query heads that read this K/V head
+        off_h = off_hk * GROUP + g
+        q_base = head_base(Q, off_b, off_h, stride_qb, stride_qh) + tl.cast(q_start, tl.int64) * stride_qm
+        do_base = head_base(DO, off_b, off_h, stride_dob, stride_doh) + tl.cast(q_start, tl.int64) * stride_dom
+        lse_ptrs = (head_base(LSE, off_b, off_h, stride_lb, stride_lh) + tl.cast(q_start, tl.int64) * stride_lm
+                    + offs_m * stride_lm)
+        delta_ptrs = (head_base(Delta, off_b, off_h, stride_db, stride_dh) + tl.cast(q_start, tl.int64) * stride_dlm
+                      + offs_m * stride_dlm)
+        mask_base = head_base(MASK, off_b, off_h, stride_mb, stride_mh)
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(SLOPES + off_b * stride_sb + off_h * stride_sh).to(tl.float32)
+        bh = off_b * H + off_h
+        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+                                stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
+                                sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
+                                seed, bh, p_drop, lo, full_lo,
+                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
+        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+                                stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
+                                sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
+                                seed, bh, p_drop, full_lo, full_hi,
+                                False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
+        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+                                stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
+                                sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
+                                seed, bh, p_drop, full_hi, hi,
+                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
+    dk = dk * sm_scale
+    dk_base = head_base(DK, off_b, off_hk, stride_dkb, stride_dkh) + tl.cast(k_start, tl.int64) * stride_dkn
+    dv_base = head_base(DV, off_b, off_hk, stride_dvb, stride_dvh) + tl.cast(k_start, tl.int64) * stride_dvn
+    tl.store(tile_ptrs(dk_base, start_n * BLOCK_N, offs_c, offs_d, stride_dkn, stride_dkd),
+             dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(tile_ptrs(dv_base, start_n * BLOCK_N, offs_c, offs_d, stride_dvn, stride_dvd),
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+                 offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
+                 mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
+                 MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
+                 ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        row0 = tl.cast(start_n, tl.int64)
+        cols = start_n + offs_n
+        if MASKED:
+            k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)
+            v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)
+        else:
+            k = tl.load(k_base + row0 * stride_kn + k_offs)
+            v = tl.load(v_base + row0 * stride_vn + v_offs)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        x, t = variant_scores(s, offs_m[:, None], cols[None, :], Nq, Nk, sm_scale, softcap, left, right, slope,
+                              mask_base, stride_mm, stride_mn, MASKED, BAND, MASK_KIND, SOFTCAP, ALIBI)
+        p = tl.math.exp2(x - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if DROPOUT:
+            keep = dropout_keep(seed, bh, offs_m[:, None], cols[None, :], p_drop)
+            dp = tl.where(keep, dp * (1.0 / (1.0 - p_drop)), 0.0)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit(do_not_specialize=["seed"])
+def flash_bwd_dq_kernel_v5(
+    Q, K, V, DO, LSE, Delta, DQ, MASK, SLOPES, CU_Q, CU_K,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_lb, stride_lh, stride_lm,
+    stride_db, stride_dh, stride_dlm,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_sb, stride_sh,
+    H, GROUP, Nq, Nk, sm_scale, softcap, left, right, p_drop, seed,
+    BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """dQ_i of one query tile (v2's contract plus the variants; query head h reads K/V head h // GROUP)."""
+    n_tiles = tl.cdiv(Nq, BLOCK_M)
+    start_m, off_b, off_h = program_tile(n_tiles, H)
+    if BAND:
+        start_m = n_tiles - 1 - start_m
+    off_hk = off_h // GROUP
+    if VARLEN:
+        q_start = tl.load(CU_Q + off_b)
+        k_start = tl.load(CU_K + off_b)
+        Nq = tl.load(CU_Q + off_b + 1) - q_start
+        Nk = tl.load(CU_K + off_b + 1) - k_start
+    else:
+        q_start = 0
+        k_start = 0
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_M + offs_r
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < Nq
+
+    q_base = head_base(Q, off_b, off_h, stride_qb, stride_qh) + tl.cast(q_start, tl.int64) * stride_qm
+    do_base = head_base(DO, off_b, off_h, stride_dob, stride_doh) + tl.cast(q_start, tl.int64) * stride_dom
+    q = tl.load(tile_ptrs(q_base, start_m * BLOCK_M, offs_r, offs_d, stride_qm, stride_qd), mask=row_ok[:, None],
+                other=0.0)
+    do = tl.load(tile_ptrs(do_base, start_m * BLOCK_M, offs_r, offs_d, stride_dom, stride_dod),
+                 mask=row_ok[:, None], other=0.0)
+    l_base = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + tl.cast(q_start, tl.int64) * stride_lm
+    lse2 = _lse2(tl.load(l_base + offs_m * stride_lm, mask=row_ok, other=0.0))
+    d_base = head_base(Delta, off_b, off_h, stride_db, stride_dh) + tl.cast(q_start, tl.int64) * stride_dlm
+    delta = tl.load(d_base + offs_m * stride_dlm, mask=row_ok, other=0.0)
+    k_base = head_base(K, off_b, off_hk, stride_kb, stride_kh) + tl.cast(k_start, tl.int64) * stride_kn
+    v_base = head_base(V, off_b, off_hk, stride_vb, stride_vh) + tl.cast(k_start, tl.int64) * stride_vn
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    mask_base = head_base(MASK, off_b, off_h, stride_mb, stride_mh)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + off_b * stride_sb + off_h * stride_sh).to(tl.float32)
+    bh = off_b * H + off_h
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    lo, full_lo, full_hi, hi = band_tiles(start_m * BLOCK_M, BLOCK_M, BLOCK_N, Nk, left, right,
+                                          start_m * BLOCK_M < Nq)
+    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
+                      Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
+                      seed, bh, p_drop, lo, full_lo,
+                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
+                      Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
+                      seed, bh, p_drop, full_lo, full_hi,
+                      False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
+                      Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
+                      seed, bh, p_drop, full_hi, hi,
+                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+    dq = dq * sm_scale
+    dq_base = head_base(DQ, off_b, off_h, stride_dqb, stride_dqh) + tl.cast(q_start, tl.int64) * stride_dqm
+    tl.store(tile_ptrs(dq_base, start_m * BLOCK_M, offs_r, offs_d, stride_dqm, stride_dqd),
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------- launcher
+
+def _configs(head_dim: int, dtype, interpret: bool) -> list:
+    """((dK/dV BLOCK_M, BLOCK_N, warps, stages), (dQ ...)) pairs, best first: backward v2's list."""
+    import torch
+    if interpret:
+        return [((32, 32, 4, 1), (32, 32, 4, 1))]
+    if dtype == torch.float32 or head_dim > 128:
+        return [((32, 32, 4, 1), (32, 32, 4, 1)), ((16, 32, 4, 1), (32, 16, 4, 1)), ((16, 16, 4, 1), (16, 16, 4, 1))]
+    if head_dim <= 64:
+        return [((32, 64, 4, 3), (64, 32, 4, 3)), ((32, 64, 4, 2), (64, 32, 4, 2)), ((32, 32, 4, 1), (32, 32, 4, 1))]
+    return [((64, 128, 8, 3), (128, 64, 8, 3)), ((64, 64, 4, 2), (64, 64, 4, 2)),
+            ((32, 64, 4, 2), (64, 32, 4, 2)), ((32, 32, 4, 1), (32, 32, 4, 1))]
+
+
+def launch_backward_v5(q, k, v, o, lse, do, dq, dk, dv, *, scale: float, group: int = 1, band=None, softcap=None,
+                       mask=None, slopes=None, cu_q=None, cu_k=None, max_q=None, max_k=None,
+                       dropout_p: float = 0.0, seed: int = 0, allow_tf32: bool = False, config=None):
+    """Write dQ, dK, dV (shaped like q, k, v); the arguments mean what they mean in launch_forward_v4."""
+    import torch
+    from .. import device
+    from .forward_v4 import MASK_ADD
+    varlen = cu_q is not None
+    if varlen:
+        H, D = q.shape[1], q.shape[2]
+        B, Nq, Nk = cu_q.shape[0] - 1, max_q, max_k
+        total = q.shape[0]
+        lse_strides = (0, lse.stride(0), lse.stride(1))
+        delta = torch.empty((H, total), device=q.device, dtype=torch.float32)
+        d_strides = (0, delta.stride(0), delta.stride(1))
+        pre = (1, total)
+    else:
+        B, H, Nq, D = q.shape
+        Nk = k.shape[2]
+        lse_strides = tuple(lse.stride())
+        delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        d_strides = tuple(delta.stride())
+        pre = (B, Nq)
+    bm_pre = 32 if device.INTERPRET else 64
+    flash_bwd_delta_v5[(triton.cdiv(pre[1], bm_pre) * pre[0] * H,)](
+        o, do, delta, *dense_strides(o, varlen), *dense_strides(do, varlen), *d_strides, H, pre[1],
+        BLOCK_M=bm_pre, HEAD_DIM=D)
+
+    big = Nq + Nk + 256
+    left, right = (big, big) if band is None else (big if band[0] < 0 else band[0], big if band[1] < 0 else band[1])
+    if mask is None:
+        kind, mptr, mstr = MASK_NONE, q, (0, 0, 0, 0)
+    else:
+        kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
+        mptr = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+        mstr = tuple(mask.stride())
+    sptr, sstr = (q, (0, 0)) if slopes is None else (slopes, tuple(slopes.stride()))
+    dummy = cu_q if varlen else lse
+    prec = "tf32" if (q.dtype == torch.float32 and allow_tf32) else "ieee"
+    common = (*dense_strides(q, varlen), *dense_strides(k, varlen), *dense_strides(v, varlen),
+              *dense_strides(do, varlen))
+    tail = (*lse_strides, *d_strides, *mstr, *sstr,
+            H, group, Nq, Nk, float(scale), float(softcap or 1.0), left, right, float(dropout_p), int(seed))
+    extra = (mptr, sptr, cu_q if varlen else dummy, cu_k if varlen else dummy)
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv, *extra, *common, *dense_strides(dk, varlen),
+                 *dense_strides(dv, varlen), *tail)
+    dq_args = (q, k, v, do, lse, delta, dq, *extra, *common, *dense_strides(dq, varlen), *tail)
+    kw = dict(BAND=band is not None, MASK_KIND=kind, SOFTCAP=softcap is not None, ALIBI=slopes is not None,
+              DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, DOT_PRECISION=prec)
+    h_kv = H // group
+
+    def launch_dkdv(c):
+        bm, bn, w, s = c
+        flash_bwd_dkdv_kernel_v5[(triton.cdiv(Nk, bn) * B * h_kv,)](
+            *dkdv_args, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)
+
+    def launch_dq(c):
+        bm, bn, w, s = c
+        flash_bwd_dq_kernel_v5[(triton.cdiv(Nq, bm) * B * H,)](
+            *dq_args, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)
+
+    if config is not None:
+        launch_dkdv(config[0])
+        launch_dq(config[1])
+        return
+    pairs = _configs(D, q.dtype, device.INTERPRET)
+    key = (D, q.dtype, q.device.index, tuple(sorted(kw.items())))
+    launch_first_that_fits(("dkdv_v5",) + key, [p[0] for p in pairs], launch_dkdv)
+    launch_first_that_fits(("dq_v5",) + key, [p[1] for p in pairs], launch_dq)

@@ -1,0 +1,346 @@
+"""FlashAttention-2 forward, v4: forward v2 with the attention variants as constexpr branches.
+
+Diff this file against forward_v2.py (its parent: plain pointers, so it runs everywhere, in the
+interpreter, on a T4, an L4 and an H200).  The online softmax is v2's; what changed:
+
+1. **One score function for every variant** (``variant_scores``, shared with backward v5).  The raw
+   tile S = Q K^T goes through, in this order and only where the constexpr flag is on:
+   scale; soft-cap ``c * tanh(s / c)``; ALiBi ``s -= slope * |i - j|``; an additive mask tile;
+   and the keep-test (keys past Nk, the band i - left <= j <= i + right, a boolean mask tile).
+   With every flag off it is v2's single multiply by ``scale * log2 e``: zero cost when off.
+   Masks are read tile by tile through four strides (0 on a broadcast dimension): no N x N copy.
+2. **The band decides which tiles are visited.**  ``is_causal`` and ``window`` are one band,
+   top-left aligned: query i sees keys i - left ... i + right (causal is right = 0, unbounded is
+   a number larger than any sequence).  The key loop runs over the tiles that meet the band only,
+   in three stages: masked tiles at the left edge, unmasked tiles wholly inside, masked tiles at
+   the right edge (the diagonal, the ragged tail).  Cost follows the band, not N^2.
+3. **Rows that see no key.**  The running max may stay -inf (a window past the keys, a row the
+   mask hides): exponents use 0 in its place, so P = 0, O = 0 and the LSE is -inf, never NaN.
+4. **GQA / MQA.**  Query head h reads K/V head h // GROUP: only the address changes.
+5. **Packed sequences (varlen).**  With VARLEN the "batch" index is a sequence: its rows start
+   at CU_Q[b] / CU_K[b] of a packed (total, H, D) tensor and its lengths are the differences;
+   programs past a short sequence's last tile visit no tile and store nothing.  Document
+   boundaries therefore cost nothing: no tile ever spans two documents.
+6. **Dropout.**  P is dropped after the row sum (the softmax is that of the undropped scores)
+   with Philox keyed on (seed, batch * H + head, row, column): ``dropout_keep`` is the one place
+   the bits are drawn; backward v5 calls it again instead of storing a mask.  Kept values are
+   scaled by 1 / (1 - p) once, on the final O.
+
+Launch: ``launch_forward_v4`` at the end of the file (grid (cdiv(Nq, BLOCK_M) * B * H,)).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import LN2_K, LOG2E_K, head_base, program_tile, tile_ptrs
+
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp2, stable at both ends (the interpreter and old Triton lack tl.math.tanh)."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E_K)) + 1.0)
+
+
+@triton.jit
+def dropout_keep(seed, bh, rows, cols, p_drop):
+    """True where score (rows, cols) of (batch * H + head) ``bh`` is kept; any broadcastable rows/cols."""
+    c0 = (cols + rows * 0).to(tl.uint32)
+    c1 = (rows + cols * 0).to(tl.uint32)
+    c2 = (c0 * 0 + bh).to(tl.uint32)
+    r, _, _, _ = tl.philox(seed, c0, c1, c2, c2 * 0)
+    return tl.uint_to_uniform_float(r) >= p_drop
+
+
+@triton.jit
+def variant_scores(s, rows, cols, Nq, Nk, sm_scale, softcap, left, right, slope,
+                   mask_base, stride_mm, stride_mn,
+                   CHECK: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr,
+                   SOFTCAP: tl.constexpr, ALIBI: tl.constexpr):
+    """Scores in base 2 (-inf where not visible) and tanh(s / c) (soft-cap's derivative; else s).
+
+    ``rows``, ``cols``: positions, broadcastable to s (rows[:, None], cols[None, :] in the
+    forward; transposed in the dK/dV kernel).  CHECK: the tile may cross the band's edge or the
+    ragged end, so test every score; without it only a boolean mask can hide a score.
+    """
+    if SOFTCAP or ALIBI or MASK_KIND == 2:
+        x = s * sm_scale
+        t = x
+        if SOFTCAP:
+            t = _tanh(x / softcap)
+            x = softcap * t
+        if ALIBI:
+            x = x - slope * tl.abs(rows - cols).to(tl.float32)
+        if MASK_KIND != 0:
+            inb = (rows < Nq) & (cols < Nk)
+            m_ptrs = mask_base + rows.to(tl.int64) * stride_mm + cols.to(tl.int64) * stride_mn
+        if MASK_KIND == 2:
+            x = x + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32)
+        x = x * LOG2E_K
+    else:
+        x = s * (sm_scale * LOG2E_K)                                   # v2's one multiply
+        t = x
+    if MASK_KIND == 1:
+        inb = (rows < Nq) & (cols < Nk)
+        m_ptrs = mask_base + rows.to(tl.int64) * stride_mm + cols.to(tl.int64) * stride_mn
+        keep = tl.load(m_ptrs, mask=inb, other=0) != 0
+        if CHECK:
+            keep = keep & (cols < Nk) & (rows < Nq)
+            if BAND:
+                keep = keep & (cols >= rows - left) & (cols <= rows + right)
+        x = tl.where(keep, x, float("-inf"))
+    elif CHECK:
+        keep = (cols < Nk) & (rows < Nq)
+        if BAND:
+            keep = keep & (cols >= rows - left) & (cols <= rows + right)
+        x = tl.where(keep, x, float("-inf"))
+    return x, t
+
+
+@triton.jit
+def band_tiles(r0, R_BLOCK: tl.constexpr, C_BLOCK: tl.constexpr, n_cols, before, after, active):
+    """Tiles of C_BLOCK columns that rows r0 .. r0 + R_BLOCK - 1 can see, if row i sees columns
+    i - before ... i + after (and < n_cols): (lo, full_lo, full_hi, hi), tile aligned except hi.
+
+    [lo, full_lo) and [full_hi, hi) cross an edge (masked stages); [full_lo, full_hi) is wholly
+    visible to every row (unmasked).  ``active`` False (a program past its sequence): all empty.
+    """
+    first = tl.maximum(r0 - before, 0)                                # the first column row r0 sees
+    hi = tl.minimum(r0 + R_BLOCK + after, n_cols)
+    hi = tl.where(active & (first < hi), hi, 0)                      # the band may miss the columns
+    lo = tl.minimum(first // C_BLOCK * C_BLOCK, hi)
+    full_lo = tl.cdiv(tl.maximum(r0 + R_BLOCK - 1 - before, 0), C_BLOCK) * C_BLOCK
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = tl.minimum(r0 + after + 1, n_cols) // C_BLOCK * C_BLOCK
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+                  offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
+                  mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
+                  MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
+                  ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Stream K/V tiles lo, lo + BLOCK_N, ... < hi (v2's loop; the scores through variant_scores)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        row0 = tl.cast(start_n, tl.int64)
+        cols = start_n + offs_n
+        if MASKED:
+            k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)
+            v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)
+        else:
+            k = tl.load(k_base + row0 * stride_kn + k_offs)
+            v = tl.load(v_base + row0 * stride_vn + v_offs)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        x, _t = variant_scores(s, offs_m[:, None], cols[None, :], Nq, Nk, sm_scale, softcap, left, right, slope,
+                               mask_base, stride_mm, stride_mn, MASKED, BAND, MASK_KIND, SOFTCAP, ALIBI)
+        m_new = tl.maximum(m_i, tl.max(x, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)           # a row that has seen no key yet
+        p = tl.math.exp2(x - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)                                # the softmax of the undropped scores
+        acc = acc * alpha[:, None]
+        if DROPOUT:
+            p = tl.where(dropout_keep(seed, bh, offs_m[:, None], cols[None, :], p_drop), p, 0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["seed"])
+def flash_fwd_kernel_v4(
+    Q, K, V, O, LSE, MASK, SLOPES, CU_Q, CU_K,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_sb, stride_sh,
+    H, GROUP, Nq, Nk, sm_scale, softcap, left, right, p_drop, seed,
+    BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """v2's contract plus the variants.  Nq, Nk: the lengths (VARLEN: the longest sequence's).
+    left, right: the band (numbers past any length when unbounded).  GROUP = H // H_kv."""
+    n_tiles = tl.cdiv(Nq, BLOCK_M)
+    start_m, off_b, off_h = program_tile(n_tiles, H)
+    if BAND:
+        start_m = n_tiles - 1 - start_m                                 # longest causal tiles first
+    off_hk = off_h // GROUP
+    if VARLEN:
+        q_start = tl.load(CU_Q + off_b)
+        k_start = tl.load(CU_K + off_b)
+        Nq = tl.load(CU_Q + off_b + 1) - q_start
+        Nk = tl.load(CU_K + off_b + 1) - k_start
+    else:
+        q_start = 0
+        k_start = 0
+
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_m = start_m * BLOCK_M + offs_r
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_base = head_base(Q, off_b, off_h, stride_qb, stride_qh) + tl.cast(q_start, tl.int64) * stride_qm
+    k_base = head_base(K, off_b, off_hk, stride_kb, stride_kh) + tl.cast(k_start, tl.int64) * stride_kn
+    v_base = head_base(V, off_b, off_hk, stride_vb, stride_vh) + tl.cast(k_start, tl.int64) * stride_vn
+    k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    row_ok = offs_m < Nq
+    q = tl.load(tile_ptrs(q_base, start_m * BLOCK_M, offs_r, offs_d, stride_qm, stride_qd),
+                mask=row_ok[:, None], other=0.0)
+    mask_base = head_base(MASK, off_b, off_h, stride_mb, stride_mh)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + off_b * stride_sb + off_h * stride_sh).to(tl.float32)
+    bh = off_b * H + off_h
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    lo, full_lo, full_hi, hi = band_tiles(start_m * BLOCK_M, BLOCK_M, BLOCK_N, Nk, left, right,
+                                          start_m * BLOCK_M < Nq)
+    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+                                  offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
+                                  mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, full_lo,
+                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+                                  offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
+                                  mask_base, stride_mm, stride_mn, seed, bh, p_drop, full_lo, full_hi,
+                                  False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+                                  offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
+                                  mask_base, stride_mm, stride_mn, seed, bh, p_drop, full_hi, hi,
+                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+
+    seen = l_i > 0.0
+    out_scale = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)   # a row that saw no key: O = 0
+    if DROPOUT:
+        out_scale = out_scale / (1.0 - p_drop)
+    acc = acc * out_scale[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2_K, float("-inf"))
+    l_base = head_base(LSE, off_b, off_h, stride_lb, stride_lh) + tl.cast(q_start, tl.int64) * stride_lm
+    tl.store(l_base + offs_m * stride_lm, lse, mask=row_ok)
+    o_base = head_base(O, off_b, off_h, stride_ob, stride_oh) + tl.cast(q_start, tl.int64) * stride_om
+    tl.store(tile_ptrs(o_base, start_m * BLOCK_M, offs_r, offs_d, stride_om, stride_od),
+             acc.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["seed"])
+def dropout_mask_kernel(OUT, stride_b, stride_h, stride_m, H, Nq, Nk, p_drop, seed,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Debug: write the keep mask (B, H, Nq, Nk) the kernels draw; for tests at tiny sizes only."""
+    start_m, off_b, off_h = program_tile(tl.cdiv(Nq, BLOCK_M), H)
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    for start_n in range(0, Nk, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        keep = dropout_keep(seed, off_b * H + off_h, rows[:, None], cols[None, :], p_drop)
+        ptrs = head_base(OUT, off_b, off_h, stride_b, stride_h) + rows[:, None] * stride_m + cols[None, :]
+        tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < Nq) & (cols[None, :] < Nk))
+
+
+# ----------------------------------------------------------------------------------------- launcher
+
+def _configs(head_dim: int, dtype, interpret: bool) -> list:
+    """(BLOCK_M, BLOCK_N, warps, stages), best first; forward v2's hand-picked list (kernels/__init__)."""
+    import torch
+    if interpret:
+        return [(32, 32, 4, 1)]
+    if dtype == torch.float32 or head_dim > 128:
+        return [(64, 32, 4, 2), (32, 32, 4, 2), (32, 16, 4, 1), (16, 16, 4, 1)]
+    if head_dim <= 64:
+        return [(128, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)]
+    return [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)]
+
+
+_CHOSEN: dict = {}
+
+
+def launch_first_that_fits(key, configs, launch):
+    """Launch with the remembered config for ``key``, else try ``configs`` in turn until one compiles."""
+    cfg = _CHOSEN.get(key)
+    if cfg is not None:
+        return launch(cfg)
+    err = None
+    for cfg in configs:
+        try:
+            launch(cfg)
+        except triton.runtime.errors.OutOfResources as e:   # shared memory or registers
+            err = e
+            continue
+        _CHOSEN[key] = cfg
+        return
+    raise err
+
+
+def dense_strides(t, varlen: bool):
+    """(batch, head, row, dim) strides: (B, H, N, D) as is; packed (total, H, D) with batch stride 0."""
+    if varlen:
+        return (0, t.stride(1), t.stride(0), t.stride(2))
+    return tuple(t.stride())
+
+
+def launch_forward_v4(q, k, v, o, lse, *, scale: float, group: int = 1, band=None, softcap=None,
+                      mask=None, slopes=None, cu_q=None, cu_k=None, max_q=None, max_k=None,
+                      dropout_p: float = 0.0, seed: int = 0, allow_tf32: bool = False, config=None):
+    """Write O and the natural-log LSE (-inf for a row that sees no key).
+
+    Dense: q (B, H, Nq, D), k, v (B, H // group, Nk, D), o like q, lse (B, H, Nq).  Packed (cu_q
+    given): q (total_q, H, D), k, v (total_k, H // group, D), lse (H, total_q), cu_q / cu_k int32
+    (S + 1,), max_q / max_k the longest lengths.  ``band``: (left, right) with non-negative ints, or
+    None.  ``mask``: None, or a bool / float tensor of shape (B, H, Nq, Nk) with any strides (0 on
+    broadcast dims).  ``slopes``: (B, H) float32 view (stride 0 where broadcast) or None.
+    The checks are the caller's (flashlab.variants); this only launches.
+    """
+    import torch
+    from .. import device
+    varlen = cu_q is not None
+    if varlen:
+        H, D = q.shape[1], q.shape[2]
+        B, Nq, Nk = cu_q.shape[0] - 1, max_q, max_k
+        lse_strides = (0, lse.stride(0), lse.stride(1))
+    else:
+        B, H, Nq, D = q.shape
+        Nk = k.shape[2]
+        lse_strides = tuple(lse.stride())
+    big = Nq + Nk + 256
+    left, right = (big, big) if band is None else (big if band[0] < 0 else band[0], big if band[1] < 0 else band[1])
+    if mask is None:
+        kind, mptr, mstr = MASK_NONE, q, (0, 0, 0, 0)
+    else:
+        kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
+        mptr = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+        mstr = tuple(mask.stride())
+    sptr, sstr = (q, (0, 0)) if slopes is None else (slopes, tuple(slopes.stride()))
+    dummy = cu_q if varlen else lse
+    prec = "tf32" if (q.dtype == torch.float32 and allow_tf32) else "ieee"
+    args = (q, k, v, o, lse, mptr, sptr, cu_q if varlen else dummy, cu_k if varlen else dummy,
+            *dense_strides(q, varlen), *dense_strides(k, varlen), *dense_strides(v, varlen),
+            *dense_strides(o, varlen), *lse_strides, *mstr, *sstr,
+            H, group, Nq, Nk, float(scale), float(softcap or 1.0), left, right, float(dropout_p), int(seed))
+    kw = dict(BAND=band is not None, MASK_KIND=kind, SOFTCAP=softcap is not None, ALIBI=slopes is not None,
+              DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, DOT_PRECISION=prec)
+
+    def launch(cfg):
+        bm, bn, w, s = cfg
+        n = triton.cdiv(Nq, bm) * B * H
+        flash_fwd_kernel_v4[(n,)](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)
+
+    if config is not None:
+        return launch(config)
+    key = ("fwd_v4", D, q.dtype, q.device.index, tuple(sorted(kw.items())))
+    launch_first_that_fits(key, _configs(D, q.dtype, device.INTERPRET), launch)
+
+
+def dropout_mask(B: int, H: int, Nq: int, Nk: int, p: float, seed: int, device=None):
+    """The keep mask (B, H, Nq, Nk, bool) the kernels draw for this seed: a debug view at tiny sizes."""
+    import torch
+    out = torch.empty((B, H, Nq, Nk), dtype=torch.int8, device=device)
+    dropout_mask_kernel[(triton.cdiv(Nq, 32) * B * H,)](out, out.stride(0), out.stride(1), out.stride(2),
+                                                        H, Nq, Nk, float(p), int(seed), BLOCK_M=32, BLOCK_N=32)
+    return out.bool()

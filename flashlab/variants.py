@@ -1,0 +1,508 @@
+"""The attention variants behind ``flash_attention``'s SDPA-shaped arguments, and ``flash_attention_varlen``.
+
+    o = flash_attention(q, k, v, is_causal=True, window=(1023, 0))            # sliding window 1024
+    o = flash_attention(q, k, v, enable_gqa=True)                             # k, v with H / 4 heads
+    o = flash_attention(q, k, v, attn_mask=pad[:, None, None, :])             # bool (B, 1, 1, Nk)
+    o = flash_attention(q, k, v, softcap=30.0, alibi_slopes=slopes, dropout_p=0.1)
+    o = flash_attention_varlen(q, k, v, cu, cu, max_len, max_len, is_causal=True)   # packed (total, H, D)
+
+What the host side does (the kernels are forward v4 and backward v5, one constexpr branch per variant):
+  * checks every argument; bad input is a ValueError/TypeError naming the argument and the fix;
+  * GQA / MQA: k, v with H_kv heads, H % H_kv == 0; query head h reads K/V head h // (H / H_kv),
+    and the backward sums dK, dV over a group in one program (no atomics, deterministic);
+  * ``window=(left, right)``, -1 unbounded, top-left aligned like ``is_causal``: query i sees keys
+    i - left ... i + right; ``is_causal`` with a window keeps right <= 0.  Tiles outside the band
+    are never visited (forward and backward);
+  * scores, in this order: scale, soft-cap ``c tanh(s / c)``, ALiBi ``s -= slope |i - j|``, additive
+    mask; then the bool mask (True = attend), the band, and causal hide scores;
+  * ``attn_mask`` broadcastable to (B, H, Nq, Nk), bool or float, read tile by tile through strides
+    (0 on broadcast dims): never copied to an N x N buffer; it gets no gradient (an error if it asks);
+  * ``dropout_p``: Philox in the kernels, keyed on (seed, batch, head, row, column); ``seed=None``
+    draws one from torch's default generator (``torch.manual_seed`` governs it, as in SDPA);
+    the backward regenerates the mask; kept values are scaled by 1 / (1 - p);
+  * a query row that sees no key gives O = 0, LSE = -inf and zero gradients, never NaN;
+  * autograd: an ``autograd.Function`` in eager mode; while compiling, the custom operators
+    ``torch.ops.flashlab.variant_forward`` / ``variant_backward`` (opaque nodes, so
+    ``torch.compile(fullgraph=True)`` works; the seed is drawn inside the operator).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import device
+
+__all__ = ["attention", "flash_attention_varlen", "uses_variants", "dropout_mask"]
+
+MAX_HEAD_DIM = 256
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+def _check_qkv(q, k, v, dims: int, layout: str) -> None:
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != dims:
+            raise ValueError(f"{name} must have {dims} dimensions {layout}, got shape {tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; use torch.float16, torch.bfloat16 or torch.float32")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"query, key, value must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}; "
+                        "convert with .to(query.dtype)")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"query, key, value must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "cpu" and not device.INTERPRET:
+        raise ValueError("the inputs are on the CPU but Triton is compiling for the GPU; move them with .cuda() "
+                         "(or set TRITON_INTERPRET=1 before importing flashlab to use the interpreter)")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {q.device}; use a CUDA GPU or the CPU (interpreter)")
+    if q.dtype == torch.bfloat16 and q.device.type == "cuda" and not device.bf16_supported():
+        raise TypeError(f"bf16 kernels need compute capability 8.0 or newer; this GPU, "
+                        f"{torch.cuda.get_device_name(q.device)}, has fp16: use torch.float16")
+    D = q.shape[-1]
+    if k.shape[-1] != D or v.shape[-1] != D:
+        raise ValueError(f"query, key, value must have the same head dim (last dim): query {tuple(q.shape)}, "
+                         f"key {tuple(k.shape)}, value {tuple(v.shape)}")
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported; use 1 <= D <= {MAX_HEAD_DIM}")
+    if any(n == 0 for n in (*q.shape, *k.shape)):
+        raise ValueError(f"empty input: query {tuple(q.shape)}, key {tuple(k.shape)}; every dimension must be >= 1")
+
+
+def _check_heads(H: int, Hk: int, enable_gqa: bool) -> int:
+    if Hk != H:
+        if H % Hk:
+            raise ValueError(f"query has {H} heads and key/value {Hk}: for grouped-query attention the "
+                             f"query heads must be a multiple of the key/value heads (H % H_kv == 0)")
+        if not enable_gqa:
+            raise ValueError(f"query has {H} heads and key/value {Hk}: pass enable_gqa=True for grouped-query "
+                             "(or multi-query) attention, as in F.scaled_dot_product_attention")
+    return H // Hk
+
+
+def _check_scalars(dropout_p, scale, window, softcap, seed, is_causal):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not math.isfinite(softcap) or softcap <= 0):
+        raise ValueError(f"softcap must be a positive finite number (e.g. 30.0) or None, got {softcap!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError(f"seed must be an int in [0, 2**63) or None (drawn from torch's generator), got {seed!r}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if window is None:
+        left, right = -1, -1
+    else:
+        if not isinstance(window, (tuple, list)) or len(window) != 2:
+            raise ValueError(f"window must be a pair (left, right) of ints, -1 for unbounded, e.g. (1023, 0); "
+                             f"got {window!r}")
+        if not all(isinstance(w, int) and not isinstance(w, bool) for w in window):
+            raise TypeError(f"window must hold two ints (left, right), got {window!r}")
+        left, right = int(window[0]), int(window[1])
+        if left < -1 or right < -1:
+            raise ValueError(f"window=(left, right) takes ints >= 0, or -1 for unbounded; got {window!r}")
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def _check_slopes(alibi_slopes, B: int, H: int, dev) -> None:
+    if alibi_slopes is None:
+        return
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a tensor of shape ({H},) or ({B}, {H}), got "
+                        f"{type(alibi_slopes).__name__}")
+    if tuple(alibi_slopes.shape) not in ((H,), (B, H)):
+        raise ValueError(f"alibi_slopes must have shape ({H},) (one slope per query head) or ({B}, {H}), "
+                         f"got {tuple(alibi_slopes.shape)}")
+    if not alibi_slopes.is_floating_point():
+        raise TypeError(f"alibi_slopes must be a float tensor, got {alibi_slopes.dtype}; use .float()")
+    if alibi_slopes.device != dev:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device} and the inputs on {dev}; move it with .to()")
+    if alibi_slopes.requires_grad:
+        raise ValueError("alibi_slopes requires grad, but flash_attention gives slopes no gradient; "
+                         "pass alibi_slopes.detach()")
+
+
+def _check_mask(attn_mask, shape: tuple, q) -> None:
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a tensor (bool, True = attend, or float, added to the scores), "
+                        f"got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and attn_mask.dtype not in _DTYPES:
+        raise TypeError(f"attn_mask has dtype {attn_mask.dtype}; use torch.bool (True = attend) or a float "
+                        "dtype (float16, bfloat16, float32) added to the scores")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} and query on {q.device}; move it with .to()")
+    if attn_mask.requires_grad:
+        raise ValueError("attn_mask requires grad, but flash_attention gives masks no gradient; pass "
+                         "attn_mask.detach() (for a learned bias, use the reference or SDPA)")
+    try:
+        ok = torch.broadcast_shapes(tuple(attn_mask.shape), shape) == torch.Size(shape)
+    except RuntimeError:
+        ok = False
+    if not ok or attn_mask.dim() > 4:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, Nq, Nk) = "
+                         f"{shape}; use e.g. (Nq, Nk), (B, 1, 1, Nk) or (B, H, Nq, Nk)")
+
+
+def uses_variants(attn_mask=None, dropout_p=0.0, enable_gqa=False, window=None, softcap=None,
+                  alibi_slopes=None, q=None, k=None) -> bool:
+    """True when a call needs forward v4 / backward v5 (the plain path stays the op's own)."""
+    heads_differ = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
+                    and q.shape[1] != k.shape[1] and (enable_gqa or q.shape[1] % k.shape[1] == 0))
+    return (attn_mask is not None or (dropout_p != 0.0) or window is not None or softcap is not None
+            or alibi_slopes is not None or heads_differ)
+
+
+def dropout_mask(B: int, H: int, Nq: int, Nk: int, p: float, seed: int, device=None):
+    """The keep mask (B, H, Nq, Nk), bool, that the kernels draw for ``seed`` (a debug view, tiny sizes only)."""
+    from .kernels.forward_v4 import dropout_mask as _mask
+    return _mask(B, H, Nq, Nk, p, seed, device=device)
+
+
+# ----------------------------------------------------------------------------------------- tile maps
+
+def band_tile_ranges(r0: int, r_block: int, c_block: int, n_cols: int, before: int, after: int):
+    """forward_v4.band_tiles in Python: (lo, full_lo, full_hi, hi) for rows r0 .. r0 + r_block - 1.
+
+    Row i sees columns i - before ... i + after (< n_cols); ``before``/``after`` < 0: unbounded.
+    [lo, full_lo) and [full_hi, hi) are the masked stages, [full_lo, full_hi) the unmasked one.
+    """
+    big = 1 << 40
+    before, after = (big if before < 0 else before), (big if after < 0 else after)
+    first = max(r0 - before, 0)
+    hi = min(r0 + r_block + after, n_cols)
+    hi = hi if first < hi else 0
+    lo = min(first // c_block * c_block, hi)
+    full_lo = min(max(-(-max(r0 + r_block - 1 - before, 0) // c_block) * c_block, lo), hi)
+    full_hi = min(max(min(r0 + after + 1, n_cols) // c_block * c_block, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+def visited_tiles(nq: int, nk: int, block_m: int, block_n: int, window=None, is_causal: bool = False,
+                  cu_seqlens_q=None, cu_seqlens_k=None):
+    """The (Q tile, K tile) pairs forward v4 visits, as rectangles (row0, row1, col0, col1, masked).
+
+    ``window``/``is_causal`` as in flash_attention.  With ``cu_seqlens_q``/``_k`` (lists) the rows
+    and columns are packed documents, each tiled from its own first row, as the varlen kernel does.
+    ``masked``: the tile is in a masked stage (it crosses the band's edge or a ragged end).
+    """
+    left, right = (-1, -1) if window is None else window
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    cq = [0, nq] if cu_seqlens_q is None else list(cu_seqlens_q)
+    ck = [0, nk] if cu_seqlens_k is None else list(cu_seqlens_k)
+    out = []
+    for q0, q1, k0, k1 in zip(cq[:-1], cq[1:], ck[:-1], ck[1:]):
+        for r0 in range(0, q1 - q0, block_m):
+            lo, flo, fhi, hi = band_tile_ranges(r0, block_m, block_n, k1 - k0, left, right)
+            for c0 in range(lo, hi, block_n):
+                out.append((q0 + r0, min(q0 + r0 + block_m, q1), k0 + c0, min(k0 + c0 + block_n, k1),
+                            not flo <= c0 < fhi))
+    return out
+
+
+def varlen_program(pid: int, cu_seqlens, max_seqlen: int, block_m: int, H: int):
+    """What program ``pid`` of the varlen forward computes: (sequence, head, first packed row, rows).
+
+    The grid is cdiv(max_seqlen, block_m) * S * H programs, tile index fastest (common.program_tile);
+    ``rows`` is how many of the tile's block_m rows lie in the sequence (0: the program stores nothing).
+    """
+    n_tiles = -(-max_seqlen // block_m)
+    tile, bh = pid % n_tiles, pid // n_tiles
+    b, h = bh // H, bh % H
+    start, length = cu_seqlens[b], cu_seqlens[b + 1] - cu_seqlens[b]
+    return b, h, start + tile * block_m, max(0, min(block_m, length - tile * block_m))
+
+
+# ----------------------------------------------------------------------------------------- host code
+
+def _kernel_head_dim(d: int) -> int:
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def _compute_dtype(dtype):
+    return torch.float32 if (dtype == torch.bfloat16 and device.INTERPRET) else dtype   # interpreter's bf16 dot
+
+
+def _prep(t, d_kernel: int, cdt):
+    if t.dtype != cdt:
+        t = t.to(cdt)
+    if t.shape[-1] != d_kernel:
+        t = F.pad(t, (0, d_kernel - t.shape[-1]))
+    return t
+
+
+def _band(left: int, right: int):
+    return None if (left < 0 and right < 0) else (left, right)
+
+
+def _draw_seed(dropout_p: float, seed: int) -> int:
+    if dropout_p > 0 and seed < 0:
+        return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())   # torch.manual_seed governs it
+    return max(seed, 0)
+
+
+def _expand_mask(mask, B, H, Nq, Nk):
+    if mask is None:
+        return None
+    if mask.dtype == torch.bfloat16 and device.INTERPRET:
+        mask = mask.float()
+    while mask.dim() < 4:
+        mask = mask[None]
+    return mask.expand(B, H, Nq, Nk)
+
+
+def _slopes_view(slopes, B, H):
+    if slopes is None:
+        return None
+    slopes = slopes.float()
+    return slopes.expand(B, H) if slopes.dim() == 1 else slopes
+
+
+def _forward(q, k, v, mask, slopes, cu_q, cu_k, max_q: int, max_k: int, left: int, right: int,
+             softcap: float, dropout_p: float, seed: int, scale: float, allow_tf32: bool):
+    """(o in q's dtype, lse float32, the seed used).  Dense (B, H, N, D) or packed (total, H, D) when cu_q."""
+    varlen = cu_q is not None
+    D = q.shape[-1]
+    dk_ = _kernel_head_dim(D)
+    cdt = _compute_dtype(q.dtype)
+    qp, kp, vp = (_prep(t, dk_, cdt) for t in (q, k, v))
+    H, Hk = (q.shape[1], k.shape[1])
+    if varlen:
+        _check_cu(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+        B = cu_q.shape[0] - 1
+        o = torch.empty((q.shape[0], H, dk_), device=q.device, dtype=cdt)
+        lse = torch.empty((H, q.shape[0]), device=q.device, dtype=torch.float32)
+    else:
+        B, Nq, Nk = q.shape[0], q.shape[2], k.shape[2]
+        o = torch.empty((B, H, Nq, dk_), device=q.device, dtype=cdt)
+        lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+    seed = _draw_seed(dropout_p, seed)
+    m = None if varlen else _expand_mask(mask, B, H, Nq, Nk)
+    from .kernels.forward_v4 import launch_forward_v4
+    launch_forward_v4(qp, kp, vp, o, lse, scale=scale, group=H // Hk, band=_band(left, right),
+                      softcap=softcap if softcap > 0 else None, mask=m, slopes=_slopes_view(slopes, B, H),
+                      cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, dropout_p=dropout_p, seed=seed,
+                      allow_tf32=allow_tf32)
+    return o[..., :D].to(q.dtype), lse, seed
+
+
+def _backward(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q: int, max_k: int, left: int, right: int,
+              softcap: float, dropout_p: float, seed: int, scale: float, allow_tf32: bool):
+    varlen = cu_q is not None
+    D = q.shape[-1]
+    dk_ = _kernel_head_dim(D)
+    cdt = _compute_dtype(q.dtype)
+    qp, kp, vp, op, dop = (_prep(t, dk_, cdt) for t in (q, k, v, o, do))
+    H, Hk = q.shape[1], k.shape[1]
+    dq, dk, dv = torch.empty_like(qp), torch.empty_like(kp), torch.empty_like(vp)
+    if varlen:
+        B = cu_q.shape[0] - 1
+        m = None
+    else:
+        B = q.shape[0]
+        m = _expand_mask(mask, B, H, q.shape[2], k.shape[2])
+    from .kernels.backward_v5 import launch_backward_v5
+    launch_backward_v5(qp, kp, vp, op, lse, dop, dq, dk, dv, scale=scale, group=H // Hk, band=_band(left, right),
+                       softcap=softcap if softcap > 0 else None, mask=m, slopes=_slopes_view(slopes, B, H),
+                       cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, dropout_p=dropout_p, seed=seed,
+                       allow_tf32=allow_tf32)
+    return dq[..., :D].to(q.dtype), dk[..., :D].to(q.dtype), dv[..., :D].to(q.dtype)
+
+
+def _check_cu(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) -> None:
+    """The values of cu_seqlens (a host sync; inside the operator, so the compiler never traces it)."""
+    for name, cu, total, mx in (("cu_seqlens_q", cu_q, total_q, max_q), ("cu_seqlens_k", cu_k, total_k, max_k)):
+        c = cu.tolist()
+        if c[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {c[0]}")
+        lens = [b - a for a, b in zip(c[:-1], c[1:])]
+        if any(n < 0 for n in lens):
+            raise ValueError(f"{name} must not decrease (cumulative lengths), got {c}")
+        if c[-1] != total:
+            raise ValueError(f"{name} must end at the packed length {total} (dim 0 of the tensor), got {c[-1]}")
+        if max(lens) > mx:
+            raise ValueError(f"max_seqlen {'q' if name.endswith('q') else 'k'} = {mx} is less than the longest "
+                             f"sequence in {name} ({max(lens)}); pass at least {max(lens)}")
+
+
+class _VariantAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p, seed,
+                scale, allow_tf32):
+        o, lse, seed = _forward(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p,
+                                seed, scale, allow_tf32)
+        ctx.save_for_backward(q, k, v, o, lse, mask, slopes, cu_q, cu_k)
+        ctx.args = (max_q, max_k, left, right, softcap, dropout_p, seed, scale, allow_tf32)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, mask, slopes, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do.contiguous() if do.stride(-1) != 1 else do, mask, slopes,
+                               cu_q, cu_k, *ctx.args)
+        return (dq, dk, dv) + (None,) * 13
+
+
+# ----------------------------------------------------------------------------------------- custom operators
+
+@torch.library.custom_op("flashlab::variant_forward", mutates_args=())
+def variant_forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], slopes: Optional[Tensor],
+                    cu_q: Optional[Tensor], cu_k: Optional[Tensor], max_q: int, max_k: int, left: int, right: int,
+                    softcap: float, dropout_p: float, seed: int, scale: float,
+                    allow_tf32: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(O, LSE, seed as a 1-element int64 CPU tensor).  seed < 0 with dropout: drawn here."""
+    o, lse, used = _forward(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p,
+                            seed, scale, allow_tf32)
+    return o.contiguous(), lse, torch.tensor([used], dtype=torch.int64)
+
+
+@variant_forward.register_fake
+def _(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p, seed, scale, allow_tf32):
+    if cu_q is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    else:
+        lse = q.new_empty(q.shape[:3], dtype=torch.float32)
+    return q.new_empty(q.shape), lse, torch.empty((1,), dtype=torch.int64, device="cpu")
+
+
+@torch.library.custom_op("flashlab::variant_backward", mutates_args=())
+def variant_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, mask: Optional[Tensor],
+                     slopes: Optional[Tensor], cu_q: Optional[Tensor], cu_k: Optional[Tensor], max_q: int, max_k: int,
+                     left: int, right: int, softcap: float, dropout_p: float, seed: Tensor, scale: float,
+                     allow_tf32: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = _backward(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap,
+                           dropout_p, int(seed.item()), scale, allow_tf32)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()
+
+
+@variant_backward.register_fake
+def _(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p, seed, scale,
+      allow_tf32):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p, _seed, scale, tf32 = inputs
+    o, lse, seed_t = output
+    ctx.save_for_backward(q, k, v, o, lse, mask, slopes, cu_q, cu_k, seed_t)
+    ctx.args = (max_q, max_k, left, right, softcap, dropout_p, scale, tf32)
+    ctx.mark_non_differentiable(lse, seed_t)
+
+
+def _op_backward(ctx, do, _dlse, _dseed):
+    q, k, v, o, lse, mask, slopes, cu_q, cu_k, seed_t = ctx.saved_tensors
+    max_q, max_k, left, right, softcap, dropout_p, scale, tf32 = ctx.args
+    dq, dk, dv = variant_backward(q, k, v, o, lse, do.contiguous(), mask, slopes, cu_q, cu_k, max_q, max_k, left,
+                                  right, softcap, dropout_p, seed_t, scale, tf32)
+    return (dq, dk, dv) + (None,) * 13
+
+
+variant_forward.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+def _run(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p, seed, scale, allow_tf32):
+    args = (q, k, v, mask, slopes, cu_q, cu_k, int(max_q), int(max_k), left, right, float(softcap or 0.0),
+            float(dropout_p), -1 if seed is None else int(seed), float(scale), bool(allow_tf32))
+    if torch.compiler.is_compiling():
+        o, lse, _ = torch.ops.flashlab.variant_forward(*args)
+    else:
+        o, lse = _VariantAttention.apply(*args)
+    return o, lse
+
+
+# ----------------------------------------------------------------------------------------- public entry points
+
+def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False, *,
+              window=None, softcap=None, alibi_slopes=None, seed=None, return_lse=False, allow_tf32=False):
+    """``flash_attention`` with variants (see :func:`flashlab.flash_attention`): dense (B, H, N, D)."""
+    _check_qkv(query, key, value, 4, "(B, H, N, D)")
+    B, H, Nq, D = query.shape
+    if key.shape[0] != B or value.shape[0] != B:
+        raise ValueError(f"query, key, value must agree on the batch (dim 0): query {tuple(query.shape)}, "
+                         f"key {tuple(key.shape)}, value {tuple(value.shape)}")
+    if key.shape[1:3] != value.shape[1:3]:
+        raise ValueError(f"key and value must agree on batch and heads (dims 0, 1) and length (dim 2): "
+                         f"key {tuple(key.shape)}, value {tuple(value.shape)}")
+    Nk = key.shape[2]
+    _check_heads(H, key.shape[1], bool(enable_gqa))
+    left, right = _check_scalars(dropout_p, scale, window, softcap, seed, is_causal)
+    _check_slopes(alibi_slopes, B, H, query.device)
+    _check_mask(attn_mask, (B, H, Nq, Nk), query)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    o, lse = _run(query, key, value, attn_mask, alibi_slopes, None, None, Nq, Nk, left, right, softcap, dropout_p,
+                  seed, scale, allow_tf32)
+    return (o, lse) if return_lse else o
+
+
+def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=False, *,
+                           dropout_p=0.0, scale=None, enable_gqa=False, window=None, softcap=None, alibi_slopes=None,
+                           seed=None, return_lse=False, causal=None, allow_tf32=False, attn_mask=None):
+    """Attention over packed sequences (flash-attn's layout): no padding, no tile spans two documents.
+
+    Args:
+        q: (total_q, H, D); k, v: (total_k, H_kv, D) (H_kv < H with ``enable_gqa=True``).
+        cu_seqlens_q, cu_seqlens_k: int32 (S + 1,), cumulative lengths starting at 0 and ending at
+            total_q / total_k; sequence b is rows cu[b] ... cu[b + 1] - 1.
+        max_seqlen_q, max_seqlen_k: ints >= the longest sequence (the grid is sized by them).
+        is_causal (alias ``causal``), window, softcap, alibi_slopes ((H,) or (S, H)), dropout_p, seed,
+            scale, return_lse, allow_tf32: as in :func:`flashlab.flash_attention`, positions counted
+            from each sequence's start.
+
+    Returns:
+        o (total_q, H, D), or (o, lse) with lse (H, total_q) float32.
+    """
+    is_causal = _causal_alias(is_causal, causal)
+    _check_qkv(q, k, v, 3, "(total, H, D)")
+    if attn_mask is not None:
+        raise ValueError("flash_attention_varlen takes no attn_mask: sequences are separated by cu_seqlens; "
+                         "use window/is_causal inside them, or flash_attention on padded (B, H, N, D) with a mask")
+    if k.shape[:2] != v.shape[:2]:
+        raise ValueError(f"k and v must have the same length and heads: k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of dtype int32, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must have dtype torch.int32 (flash-attn's layout), got {cu.dtype}; "
+                            "use .to(torch.int32)")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name} must be 1-D with S + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} and q on {q.device}; move it with .to(q.device)")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences: "
+                         f"{tuple(cu_seqlens_q.shape)} vs {tuple(cu_seqlens_k.shape)}")
+    for name, mx in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(mx, bool) or not isinstance(mx, int) or mx < 1:
+            raise ValueError(f"{name} must be a positive int (the longest sequence), got {mx!r}")
+    H = q.shape[1]
+    _check_heads(H, k.shape[1], bool(enable_gqa))
+    left, right = _check_scalars(dropout_p, scale, window, softcap, seed, is_causal)
+    _check_slopes(alibi_slopes, cu_seqlens_q.shape[0] - 1, H, q.device)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    o, lse = _run(q, k, v, None, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right,
+                  softcap, dropout_p, seed, scale, allow_tf32)
+    return (o, lse) if return_lse else o
+
+
+def _causal_alias(is_causal, causal):
+    if causal is None:
+        return is_causal
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if is_causal and not causal:
+        raise ValueError("is_causal=True and causal=False disagree; causal= is an alias of is_causal: pass one")
+    return causal or is_causal

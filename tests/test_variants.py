@@ -1,0 +1,485 @@
+"""Attention variants (forward v4, backward v5): every variant and combinations against float64.
+
+GQA/MQA, sliding windows, soft-capping, ALiBi, bool and additive masks (broadcast), dropout, packed
+sequences; forward and backward, ragged Nq != Nk, fp16/fp32/bf16, by the accuracy rule
+(flashlab/accuracy.py: at most twice PyTorch's own same-dtype error plus a floor).  Dropout is
+checked against the reference run with the kernel's own mask (the debug kernel that writes it),
+and by finite differences.  Tile skipping is checked by poisoning the tiles outside the band with
+NaN: a visited tile would spread it.  Sizes are small (N <= 96): the interpreter is slow.
+"""
+import math
+
+import pytest
+import torch
+
+import flashlab
+from flashlab import device, variants
+from flashlab.accuracy import judge
+from flashlab.reference import attention_variants_torch, attention_varlen_torch
+
+DEV = device.DEVICE
+fa = flashlab.flash_attention
+
+
+def _rand(*shape, dtype=torch.float32, scale=1.0):
+    return (scale * torch.randn(shape, device=DEV)).to(dtype)
+
+
+def _ref(q, k, v, dtype, do, **kw):
+    """(o, lse, dq, dk, dv) of the naive reference computed in ``dtype``."""
+    qq, kk, vv = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    kw = dict(kw)
+    if kw.get("attn_mask") is not None and kw["attn_mask"].dtype != torch.bool:
+        kw["attn_mask"] = kw["attn_mask"].to(dtype)
+    if kw.get("alibi_slopes") is not None:
+        kw["alibi_slopes"] = kw["alibi_slopes"].to(dtype)
+    o, lse = attention_variants_torch(qq, kk, vv, **kw)
+    o.backward(do.to(dtype))
+    return o.detach(), lse.detach(), qq.grad, kk.grad, vv.grad
+
+
+def _judge_all(ours, same, ref, dtype, label):
+    """Accuracy rule on o, lse, dq, dk, dv; LSE = -inf (rows that see no key) must match exactly."""
+    names = ("o", "lse", "dq", "dk", "dv")
+    lse_o, lse_r = ours[1].double(), ref[1].double()
+    assert torch.equal(torch.isneginf(lse_o), torch.isneginf(lse_r)), f"{label}: rows that see no key differ"
+    fin = torch.isfinite(lse_r)
+    lse_max = lse_r[fin].abs().max().item() if fin.any() else 0.0
+    checks = []
+    for i, n in enumerate(names):
+        a, s, r = ours[i], same[i], ref[i]
+        if n == "lse":
+            a, s, r = (torch.where(fin, t.double(), torch.zeros_like(lse_r)) for t in (a, s, r))
+            checks.append(judge(n, a, s, r, torch.float32))
+        else:
+            assert torch.isfinite(a).all(), f"{label}: {n} has NaN/inf"
+            checks.append(judge(n, a, s, r, dtype, lse_max if n.startswith("d") and n != "do" else 0.0))
+    assert all(c.ok for c in checks), f"{label}:\n" + "\n".join(str(c) for c in checks)
+
+
+def _check(q, k, v, label="", **kw):
+    dtype = q.dtype
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o, lse = fa(q, k, v, enable_gqa=True, return_lse=True, **kw)
+    do = torch.randn_like(o)
+    o.backward(do)
+    ours = (o, lse, q.grad, k.grad, v.grad)
+    ref = _ref(q, k, v, torch.float64, do, **kw)
+    same_dtype = dtype if dtype != torch.bfloat16 else torch.float32   # CPU bf16 matmuls: fp32 stands in
+    same = _ref(q, k, v, same_dtype, do, **kw)
+    _judge_all(ours, same, ref, dtype, label or str(sorted(kw)))
+
+
+def _slopes(H, B=None):
+    base = torch.tensor([2.0 ** (-8 * (i + 1) / H) for i in range(H)], device=DEV)
+    return base if B is None else base[None].repeat(B, 1) * torch.rand(B, 1, device=DEV).add(0.5)
+
+
+CASES = [
+    # (label, B, H, Hk, Nq, Nk, D, dtype, kwargs factory)
+    ("gqa", 1, 4, 2, 45, 70, 32, torch.float32, lambda B, H, Nq, Nk: {}),
+    ("mqa causal fp16", 1, 4, 1, 70, 45, 32, torch.float16, lambda B, H, Nq, Nk: dict(is_causal=True)),
+    ("window", 1, 2, 2, 96, 80, 32, torch.float32, lambda B, H, Nq, Nk: dict(window=(20, 5))),
+    ("window+causal D=24 fp16", 1, 2, 1, 90, 96, 24, torch.float16,
+     lambda B, H, Nq, Nk: dict(window=(10, 3), is_causal=True)),
+    ("window left unbounded", 1, 1, 1, 77, 77, 16, torch.float32, lambda B, H, Nq, Nk: dict(window=(-1, 7))),
+    ("softcap causal, large logits", 1, 2, 2, 70, 70, 32, torch.float32,
+     lambda B, H, Nq, Nk: dict(softcap=5.0, is_causal=True)),
+    ("alibi (H,) causal fp16", 1, 4, 2, 64, 50, 16, torch.float16,
+     lambda B, H, Nq, Nk: dict(alibi_slopes=_slopes(H), is_causal=True)),
+    ("alibi (B, H) window", 2, 2, 2, 40, 60, 16, torch.float32,
+     lambda B, H, Nq, Nk: dict(alibi_slopes=_slopes(H, B), window=(8, 8))),
+    ("bool padding mask (B,1,1,Nk)", 2, 2, 2, 33, 70, 32, torch.float16,
+     lambda B, H, Nq, Nk: dict(attn_mask=torch.arange(Nk, device=DEV)[None, None, None, :]
+                               < torch.tensor([50, 17], device=DEV)[:, None, None, None])),
+    ("bool mask (Nq, Nk) random, rows hidden", 1, 2, 2, 50, 41, 16, torch.float32,
+     lambda B, H, Nq, Nk: dict(attn_mask=(torch.rand(Nq, Nk, device=DEV) > 0.4)
+                               & (torch.arange(Nq, device=DEV)[:, None] % 7 != 3))),
+    ("additive mask (1,H,Nq,Nk) with -inf", 1, 2, 2, 40, 50, 32, torch.float32,
+     lambda B, H, Nq, Nk: dict(attn_mask=torch.randn(1, H, Nq, Nk, device=DEV).masked_fill(
+         torch.rand(1, H, Nq, Nk, device=DEV) < 0.2, float("-inf")))),
+    ("additive mask (B,1,Nq,1) fp16", 2, 2, 1, 37, 29, 16, torch.float16,
+     lambda B, H, Nq, Nk: dict(attn_mask=torch.randn(B, 1, Nq, 1, device=DEV).half())),
+    ("everything bf16", 1, 4, 2, 70, 60, 32, torch.bfloat16,
+     lambda B, H, Nq, Nk: dict(is_causal=True, window=(25, 0), softcap=8.0, alibi_slopes=_slopes(H),
+                               attn_mask=torch.rand(B, 1, Nq, Nk, device=DEV) > 0.1)),
+    ("window beyond the keys: rows that see nothing", 1, 2, 2, 60, 20, 16, torch.float32,
+     lambda B, H, Nq, Nk: dict(window=(0, 4))),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_variant_matches_float64(rng, case):
+    label, B, H, Hk, Nq, Nk, D, dtype, make = case
+    s = 3.0 if "large" in label else 1.0
+    q, k, v = _rand(B, H, Nq, D, dtype=dtype, scale=s), _rand(B, Hk, Nk, D, dtype=dtype, scale=s), \
+        _rand(B, Hk, Nk, D, dtype=dtype)
+    _check(q, k, v, label, **make(B, H, Nq, Nk))
+
+
+def test_strided_inputs_and_scale(rng):
+    """(B, N, H, D) views, an explicit scale, GQA with a window."""
+    q = _rand(1, 50, 4, 16).transpose(1, 2)
+    k, v = _rand(1, 44, 2, 16).transpose(1, 2), _rand(1, 44, 2, 16).transpose(1, 2)
+    _check(q, k, v, "strided", window=(12, 12), scale=0.4)
+
+
+def test_tiles_outside_the_band_are_never_visited(rng):
+    """NaN in every K/V tile no query tile's band reaches from rows 64-95 (32 x 32 tiles in the interpreter):
+    a visited tile would make O NaN (0 * NaN).  Backward: NaN in Q/dO rows 0-31 must not reach dK, dV of keys 64-95."""
+    if not device.INTERPRET:
+        pytest.skip("tile sizes are the interpreter's (32 x 32)")
+    N, D = 96, 16
+    q, k, v = (_rand(1, 1, N, D) for _ in range(3))
+    kp, vp = k.clone(), v.clone()
+    kp[:, :, :32] = float("nan")
+    vp[:, :, :32] = float("nan")
+    o = fa(q, kp, vp, is_causal=True, window=(10, 0))
+    ref = attention_variants_torch(q.double(), k.double(), v.double(), is_causal=True, window=(10, 0))[0]
+    assert torch.isfinite(o[:, :, 64:]).all()
+    torch.testing.assert_close(o[:, :, 64:].double(), ref[:, :, 64:], atol=1e-5, rtol=0)
+
+    qp = q.clone()
+    qp[:, :, :32] = float("nan")
+    qp, k2, v2 = qp.requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_()
+    do = torch.randn(1, 1, N, D, device=DEV)
+    do[:, :, :32] = float("nan")
+    fa(qp, k2, v2, window=(10, 0)).backward(do)
+    assert torch.isfinite(k2.grad[:, :, 64:]).all() and torch.isfinite(v2.grad[:, :, 64:]).all()
+    assert torch.isfinite(qp.grad[:, :, 64:]).all()
+
+
+def test_row_without_keys_gives_zero_and_zero_gradients(rng):
+    q, k, v = (_rand(1, 2, 40, 16).requires_grad_() for _ in range(3))
+    mask = torch.ones(40, 40, dtype=torch.bool, device=DEV)
+    mask[5] = False
+    o, lse = fa(q, k, v, attn_mask=mask, return_lse=True)
+    o.sum().backward()
+    assert (o[:, :, 5] == 0).all() and torch.isneginf(lse[:, :, 5]).all()
+    assert (q.grad[:, :, 5] == 0).all()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_mask_is_a_broadcast_view_not_a_copy():
+    pad = torch.ones(2, 1, 1, 300, dtype=torch.bool)
+    m = variants._expand_mask(pad, 2, 8, 200, 300)
+    assert m.shape == (2, 8, 200, 300) and m.stride() == (300, 0, 0, 1) and m.data_ptr() == pad.data_ptr()
+
+
+# ----------------------------------------------------------------------------------------- dropout
+
+def test_dropout_matches_reference_with_the_kernels_mask(rng):
+    B, H, Hk, Nq, Nk, D, p, seed = 2, 2, 1, 40, 50, 16, 0.3, 1234
+    q, k, v = _rand(B, H, Nq, D), _rand(B, Hk, Nk, D), _rand(B, Hk, Nk, D)
+    keep = variants.dropout_mask(B, H, Nq, Nk, p, seed, device=DEV)
+    kw = dict(is_causal=True, window=(30, 0))
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    o, lse = fa(qq, kk, vv, dropout_p=p, seed=seed, enable_gqa=True, return_lse=True, **kw)
+    do = torch.randn_like(o)
+    o.backward(do)
+    ref = _ref(q, k, v, torch.float64, do, dropout_mask=keep, dropout_p=p, **kw)
+    same = _ref(q, k, v, torch.float32, do, dropout_mask=keep, dropout_p=p, **kw)
+    _judge_all((o, lse, qq.grad, kk.grad, vv.grad), same, ref, torch.float32, "dropout")
+
+
+def test_dropout_seed_and_generator():
+    q, k, v = (_rand(1, 2, 33, 16) for _ in range(3))
+    a = fa(q, k, v, dropout_p=0.2, seed=7)
+    assert torch.equal(a, fa(q, k, v, dropout_p=0.2, seed=7))                 # same seed, same output
+    assert (a - fa(q, k, v, dropout_p=0.2, seed=8)).abs().max() > 1e-3        # another seed, another mask
+    torch.manual_seed(3)
+    b = fa(q, k, v, dropout_p=0.2)
+    torch.manual_seed(3)
+    assert torch.equal(b, fa(q, k, v, dropout_p=0.2))                         # torch.manual_seed governs seed=None
+    assert not torch.equal(b, fa(q, k, v, dropout_p=0.2))
+
+
+def test_dropout_mask_keying_and_rate():
+    """Keyed on (seed, batch, head, row, column): a sub-block does not depend on the sizes; rate 1 - p."""
+    p = 0.25
+    big = variants.dropout_mask(2, 3, 90, 96, p, 99, device=DEV)
+    small = variants.dropout_mask(2, 3, 30, 20, p, 99, device=DEV)
+    assert torch.equal(big[:, :, :30, :20], small)
+    assert not torch.equal(big[0, 0], big[0, 1]) and not torch.equal(big[0, 0], big[1, 0])
+    n = big.numel()
+    assert abs(big.float().mean().item() - (1 - p)) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_dropout_scaling_keeps_the_mean():
+    """With V = 1 every undropped row of O is 1; dropped and rescaled by 1/(1-p) its mean stays 1."""
+    p, N = 0.5, 96
+    q, k = _rand(2, 2, N, 16), _rand(2, 2, N, 16)
+    v = torch.ones(2, 2, N, 16, device=DEV)
+    o = fa(q, k, v, dropout_p=p, seed=5)[..., 0]
+    probs = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4.0, -1)
+    sd = math.sqrt((probs ** 2).sum(-1).mul(p / (1 - p)).sum().item()) / o.numel()   # std of the mean of O
+    assert abs(o.double().mean().item() - 1.0) < 5 * sd + 1e-6
+
+
+def test_dropout_backward_by_finite_differences(rng):
+    """d/dt f(x + t u) at t = 0 from the kernel's gradient against central differences, fp32, one seed."""
+    q, k, v = (_rand(1, 2, 20, 16) for _ in range(3))
+    w = torch.randn(1, 2, 20, 16, device=DEV)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    (fa(qq, kk, vv, dropout_p=0.3, seed=11, is_causal=True) * w).sum().backward()
+    u = [torch.randn_like(t) for t in (q, k, v)]
+    eps = 1e-2
+
+    def f(t):
+        xs = [x.double() + t * du.double() for x, du in zip((q, k, v), u)]
+        return (fa(*(x.float() for x in xs), dropout_p=0.3, seed=11, is_causal=True).double() * w).sum().item()
+
+    fd = (f(eps) - f(-eps)) / (2 * eps)
+    an = sum((g.double() * du.double()).sum().item() for g, du in zip((qq.grad, kk.grad, vv.grad), u))
+    assert abs(fd - an) <= 2e-3 * max(1.0, abs(an)), (fd, an)
+
+
+# ----------------------------------------------------------------------------------------- varlen
+
+def _packed(lens_q, lens_k, H, Hk, D, dtype=torch.float32):
+    cq = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    ck = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=DEV)
+    q = _rand(int(cq[-1]), H, D, dtype=dtype)
+    k, v = _rand(int(ck[-1]), Hk, D, dtype=dtype), _rand(int(ck[-1]), Hk, D, dtype=dtype)
+    return q, k, v, cq, ck
+
+
+VARLEN = [
+    ("causal gqa", dict(is_causal=True)),
+    ("window softcap alibi (S, H)", dict(window=(4, 2), softcap=3.0, alibi_slopes="SH")),
+    ("dropout causal", dict(is_causal=True, dropout_p=0.2, seed=3)),
+]
+
+
+@pytest.mark.parametrize("label,kw", VARLEN, ids=[c[0] for c in VARLEN])
+def test_varlen_matches_float64(rng, label, kw):
+    lens_q, lens_k = [5, 33, 0, 1, 40], [7, 20, 0, 3, 40]
+    H, Hk, D = 4, 2, 16
+    q, k, v, cq, ck = _packed(lens_q, lens_k, H, Hk, D)
+    kw = dict(kw)
+    if kw.get("alibi_slopes") == "SH":
+        kw["alibi_slopes"] = _slopes(H, len(lens_q))
+    ref_kw = {n: x for n, x in kw.items() if n not in ("dropout_p", "seed")}
+    if "dropout_p" in kw:
+        m = variants.dropout_mask(len(lens_q), H, 40, 40, kw["dropout_p"], kw["seed"], device=DEV)
+        ref_kw["dropout_mask"] = [m[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lens_q, lens_k))]
+        ref_kw["dropout_p"] = kw["dropout_p"]
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    o, lse = flashlab.flash_attention_varlen(qq, kk, vv, cq, ck, 40, 40, enable_gqa=True, return_lse=True, **kw)
+    assert o.shape == q.shape and lse.shape == (H, q.shape[0])
+    do = torch.randn_like(o)
+    o.backward(do)
+    res = []
+    for dt in (torch.float64, torch.float32):
+        a, b, c = (t.detach().to(dt).requires_grad_() for t in (q, k, v))
+        kwd = dict(ref_kw)
+        if kwd.get("alibi_slopes") is not None:
+            kwd["alibi_slopes"] = kwd["alibi_slopes"].to(dt)
+        ro, rl = attention_varlen_torch(a, b, c, cq, ck, **kwd)
+        ro.backward(do.to(dt))
+        res.append((ro.detach(), rl.detach(), a.grad, b.grad, c.grad))
+    _judge_all((o, lse, qq.grad, kk.grad, vv.grad), res[1], res[0], torch.float32, label)
+
+
+def test_varlen_matches_padded_dense(rng):
+    """The same documents padded to (B, H, N, D) with a key-padding mask give the same O (fp16)."""
+    lens = [30, 11]
+    H, D = 2, 16
+    q, k, v, cq, ck = _packed(lens, lens, H, H, D, torch.float16)
+    o = flashlab.flash_attention_varlen(q, k, v, cq, ck, 30, 30, causal=True)
+    pad = lambda t: torch.stack([torch.nn.functional.pad(t[int(cq[b]):int(cq[b + 1])], (0, 0, 0, 0, 0, 30 - n))
+                                 for b, n in enumerate(lens)]).transpose(1, 2)
+    mask = (torch.arange(30, device=DEV)[None, :] < torch.tensor(lens, device=DEV)[:, None])[:, None, None, :]
+    od = fa(pad(q), pad(k), pad(v), attn_mask=mask, is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(o[:30], od[0, :30], atol=2e-3, rtol=0)
+    torch.testing.assert_close(o[30:], od[1, :11], atol=2e-3, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------- op, compile, API
+
+def test_compiled_fullgraph_with_variants(rng):
+    torch._dynamo.reset()
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, k, v, m):
+        return fa(q, k, v, attn_mask=m, dropout_p=0.2, is_causal=True, enable_gqa=True, window=(20, 0),
+                  softcap=10.0, seed=42, return_lse=True)
+
+    q, k, v = _rand(1, 4, 37, 16), _rand(1, 2, 29, 16), _rand(1, 2, 29, 16)
+    m = torch.rand(1, 1, 37, 29, device=DEV) > 0.2
+    outs = []
+    for fn in (f, lambda *a: fa(*a[:3], attn_mask=a[3], dropout_p=0.2, is_causal=True, enable_gqa=True,
+                                 window=(20, 0), softcap=10.0, seed=42, return_lse=True)):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        o, lse = fn(qq, kk, vv, m)
+        o.sum().backward()
+        outs.append((o, lse, qq.grad, kk.grad, vv.grad))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+    g = torch.compile(lambda q, k, v: fa(q, k, v, dropout_p=0.1), fullgraph=True, backend="aot_eager")
+    assert torch.isfinite(g(q[:, :2], k, v)).all()                        # seed=None: drawn inside the operator
+
+
+def test_opcheck_variant_operator(rng):
+    q, k, v = _rand(1, 2, 19, 16), _rand(1, 1, 23, 16), _rand(1, 1, 23, 16)
+    m = torch.rand(19, 23, device=DEV) > 0.3
+    sl = _slopes(2)
+    torch.library.opcheck(torch.ops.flashlab.variant_forward.default,
+                          (q, k, v, m, sl, None, None, 19, 23, 5, 0, 4.0, 0.0, 0, 0.25, False),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_sdpa_call_sites_and_the_old_positional_order(rng):
+    q, k, v = (_rand(1, 2, 21, 16) for _ in range(3))
+    ref = fa(q, k, v, is_causal=True)
+    torch.testing.assert_close(fa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True), ref)   # nanoGPT's line
+    torch.testing.assert_close(fa(q, k, v, causal=True), ref)
+    torch.testing.assert_close(fa(q, k, v, True), ref)                     # flash_attention(q, k, v, causal)
+    o, lse = fa(q, k, v, True, 0.3, True)                                  # (q, k, v, causal, scale, return_lse)
+    torch.testing.assert_close(o, fa(q, k, v, is_causal=True, scale=0.3))
+    assert lse.shape == (1, 2, 21)
+    torch.testing.assert_close(fa(q, k, v, None, 0.0, False, 0.3), fa(q, k, v, scale=0.3))   # SDPA's order
+
+
+def test_gqa_backward_is_deterministic(rng):
+    q, k, v = _rand(1, 3, 33, 16), _rand(1, 1, 33, 16), _rand(1, 1, 33, 16)
+    grads = []
+    for _ in range(2):
+        kk, vv = k.clone().requires_grad_(), v.clone().requires_grad_()
+        fa(q, kk, vv, enable_gqa=True, is_causal=True).sum().backward()
+        grads.append((kk.grad, vv.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+def _q(*s):
+    return torch.randn(*s, device=DEV)
+
+
+BAD = [
+    (lambda: fa(_q(1, 4, 8, 16), _q(1, 3, 8, 16), _q(1, 3, 8, 16), enable_gqa=True), ValueError, "multiple"),
+    (lambda: fa(_q(1, 4, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16)), ValueError, "enable_gqa=True"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), window=5), ValueError, "pair"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), window=(3, -2)), ValueError, "-1 for unbounded"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), window=(3.0, 0)), TypeError, "two ints"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), dropout_p=1.0), ValueError, r"\[0, 1\)"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), dropout_p=-0.1), ValueError, "dropout_p"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), softcap=-1.0), ValueError, "softcap"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), alibi_slopes=_q(3)), ValueError, r"\(2,\)"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), alibi_slopes=[0.5, 0.2]), TypeError, "tensor"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), attn_mask=_q(3, 8)), ValueError, "broadcast"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), attn_mask=torch.ones(8, 8, dtype=torch.int32,
+                                                                                      device=DEV)),
+     TypeError, "torch.bool"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), attn_mask=_q(8, 8).requires_grad_()),
+     ValueError, "requires grad"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), dropout_p=0.1, seed=-3), ValueError, "seed"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), is_causal=True, causal=False), ValueError,
+     "alias"),
+]
+
+
+def _cu(*xs, dtype=torch.int32):
+    return torch.tensor(xs, dtype=dtype, device=DEV)
+
+
+VBAD = [
+    (dict(cq=_cu(0, 5, 3, 10), ck=_cu(0, 5, 3, 10)), ValueError, "not decrease"),
+    (dict(cq=_cu(0, 5, 9)), ValueError, "end at the packed length"),
+    (dict(cq=_cu(0, 5, 10, dtype=torch.int64)), TypeError, "int32"),
+    (dict(cq=_cu(1, 5, 10)), ValueError, "start at 0"),
+    (dict(max_q=4), ValueError, "longest"),
+    (dict(cq=_cu(0, 10)), ValueError, "same number of sequences"),
+]
+
+
+@pytest.mark.parametrize("call,exc,words", BAD)
+def test_bad_inputs_raise_clear_errors(call, exc, words):
+    with pytest.raises(exc, match=words):
+        call()
+
+
+@pytest.mark.parametrize("over,exc,words", VBAD)
+def test_varlen_bad_inputs(over, exc, words):
+    q = _rand(10, 2, 16)
+    a = dict(cq=_cu(0, 5, 10), ck=_cu(0, 5, 10), max_q=5, max_k=5)
+    a.update(over)
+    with pytest.raises(exc, match=words):
+        flashlab.flash_attention_varlen(q, q, q, a["cq"], a["ck"], a["max_q"], a["max_k"])
+
+
+def test_visited_tiles_are_exactly_those_the_band_meets(rng):
+    """variants.band_tile_ranges (forward v4's band_tiles in Python) against brute force: a tile is
+    visited iff one of its pairs is visible, and unmasked only if all its pairs are (and it is full)."""
+    import random
+    r = random.Random(0)
+    for _ in range(200):
+        nq, nk = r.randint(1, 200), r.randint(1, 200)
+        bm, bn = r.choice([16, 32, 64]), r.choice([16, 32, 64])
+        left, right = r.choice([-1, 0, 3, 17, 64]), r.choice([-1, 0, 5, 40])
+        for r0 in range(0, nq, bm):
+            lo, flo, fhi, hi = variants.band_tile_ranges(r0, bm, bn, nk, left, right)
+            for c0 in range(0, nk, bn):
+                vis = [(i, j) for i in range(r0, r0 + bm) for j in range(c0, min(c0 + bn, nk))
+                       if (left < 0 or j >= i - left) and (right < 0 or j <= i + right)]
+                seen = lo <= c0 < hi
+                assert seen == bool(vis), (nq, nk, bm, bn, left, right, r0, c0)
+                if flo <= c0 < fhi:
+                    assert len(vis) == bm * bn, (nq, nk, bm, bn, left, right, r0, c0)
+
+
+# ----------------------------------------------------------------------------------------- notebook 08's exercises
+
+def _dropout_backward(q, k, v, o, lse, do, p, keep, block_q, block_k, bug=None):
+    """A learner's tiled NumPy answer; ``bug`` plants one of the named mistakes."""
+    import numpy as np
+    nq, d = q.shape
+    nk = k.shape[0]
+    sc = 1 / math.sqrt(d)
+    if bug == "delta_undropped":
+        o = np.exp(sc * q @ k.T - lse[:, None]) @ v
+    delta = (do * o).sum(1)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for i0 in range(0, nq, block_q):
+        for j0 in range(0, nk, block_k):
+            qi, doi, kj, vj = q[i0:i0 + block_q], do[i0:i0 + block_q], k[j0:j0 + block_k], v[j0:j0 + block_k]
+            rows, cols = np.arange(i0, i0 + len(qi)), np.arange(j0, j0 + len(kj))
+            P = np.exp(sc * qi @ kj.T - lse[i0:i0 + block_q, None])
+            z = keep(cols, rows).T if bug == "mask_transposed" else keep(rows, cols)
+            z = z if bug == "no_rescale" else z / (1 - p)
+            dv[j0:j0 + block_k] += (P * z).T @ doi
+            dp = doi @ vj.T if bug == "dp_not_dropped" else (doi @ vj.T) * z
+            ds = P * (dp - delta[i0:i0 + block_q, None])
+            dq[i0:i0 + block_q] += sc * ds @ kj
+            dk[j0:j0 + block_k] += sc * ds.T @ qi
+    return dq, dk, dv
+
+
+def test_notebook_08_exercises_pass_their_solutions_and_name_their_mistakes():
+    from flashlab.grader import grade
+    from flashlab.grader.exercises import EXERCISES
+    from flashlab.grader.exercises import variants as V
+    assert {n for n, ex in EXERCISES.items() if ex.notebook == "08"} == {
+        "window_tile_bounds", "gqa_head_map", "varlen_program_map", "dropout_backward"}
+    solutions = {
+        "window_tile_bounds": lambda t, bm, bn, nk, l, r: variants.band_tile_ranges(t * bm, bm, bn, nk, l, r),
+        "gqa_head_map": V._gqa_ref_fn, "varlen_program_map": variants.varlen_program,
+        "dropout_backward": _dropout_backward}
+    for name, f in solutions.items():
+        r = grade(name, f)
+        assert r.passed, str(r)
+    planted = [("window_tile_bounds", fn, bug.title) for fn, bug in zip(
+        (V._no_missing_check, V._first_row_for_left, V._last_row_for_right, V._ragged_unmasked, V._hi_off_by_one,
+         V._unbounded_as_zero), V.WINDOW_BUGS)]
+    planted += [("dropout_backward", (lambda b: lambda *a: _dropout_backward(*a, bug=b))(bug.key), bug.title)
+                for bug in V.DROPOUT_BUGS]
+    planted += [("varlen_program_map", V._tiles_from_total, "tiles per sequence counted from the packed length"),
+                ("gqa_head_map", lambda H, Hk: ([h % Hk for h in range(H)],
+                                                [[hk + i * Hk for i in range(H // Hk)] for hk in range(Hk)]),
+                 "query head h mapped to K/V head h % H_kv")]
+    for name, f, title in planted:
+        r = str(grade(name, f))
+        assert "FAILED" in r and title in r, (name, title, r)
+    stored = lambda q, k, v, o, lse, do, p, keep, bq, bk: _dropout_backward(q, k, v, o, lse, do, p, keep, 10**6, 10**6)
+    r = str(grade("dropout_backward", stored))
+    assert "tile by tile" in r, r                       # the whole mask at once is refused, though the values are right
