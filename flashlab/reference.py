@@ -455,3 +455,66 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens=None, *, block_table=Non
 
 
 __all__.append("decode_reference")
+
+
+# ----------------------------------------------------------------------------
+# 6. beyond one kernel: split-KV merge, a ring step, the ring in one process (notebook 09)
+# ----------------------------------------------------------------------------
+
+def merge_partials(o_parts, lse_parts):
+    """Merge S normalised partial results over disjoint key sets (split-KV decoding, ring steps).
+
+    o_parts (S, ..., N, D), lse_parts (S, ..., N) natural log; a part with no key has lse = -inf
+    (its O is ignored).  LSE = log sum_s e^(LSE_s); O = sum_s e^(LSE_s - LSE) O_s: notebook 02's
+    ``merge_states`` with acc_s = l_s O_s and m_s + log l_s = LSE_s.  Returns (o, lse)."""
+    o_parts, lse_parts = np.asarray(o_parts, dtype=float), np.asarray(lse_parts, dtype=float)
+    m = lse_parts.max(axis=0)
+    m_safe = np.where(np.isneginf(m), 0.0, m)
+    w = np.where(np.isneginf(lse_parts), 0.0, np.exp(lse_parts - m_safe))       # (S, ..., N), <= 1
+    total = w.sum(axis=0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, m_safe + np.log(np.where(total > 0, total, 1.0)), -np.inf)
+    o_sum = (np.where(w[..., None] > 0, w[..., None] * np.where(np.isfinite(o_parts), o_parts, 0.0), 0.0)).sum(0)
+    o = o_sum / np.where(total > 0, total, 1.0)[..., None]
+    return o, lse
+
+
+def ring_step(q, k, v, q_pos, k_pos, o, lse, causal: bool = False, scale=None):
+    """One ring step on one rank: attend this rank's queries q (n, D) to the K/V block it holds now
+    (m, D), masked by GLOBAL positions (q_pos (n,), k_pos (m,): query at p sees keys at <= p), and
+    merge into the state (o (n, D) normalised, lse (n,); lse = -inf: nothing seen yet).
+    Returns the new (o, lse); rows that see no key of the block keep their state."""
+    q, k, v = np.asarray(q, dtype=float), np.asarray(k, dtype=float), np.asarray(v, dtype=float)
+    s = _scale(q.shape[1], scale) * (q @ k.T)
+    if causal:
+        s = np.where(np.asarray(k_pos)[None, :] <= np.asarray(q_pos)[:, None], s, -np.inf)
+    m = s.max(axis=1)
+    m_safe = np.where(np.isneginf(m), 0.0, m)
+    p = np.exp(s - m_safe[:, None])
+    l = p.sum(axis=1)
+    with np.errstate(divide="ignore"):
+        lse_b = np.where(l > 0, m_safe + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+    o_b = (p @ v) / np.where(l > 0, l, 1.0)[:, None]
+    return merge_partials(np.stack([o, o_b]), np.stack([lse, lse_b]))
+
+
+def ring_attention_sim(q, k, v, world: int, layout: str = "zigzag", causal: bool = False, scale=None):
+    """Ring attention with every rank simulated in one process (NumPy): q, k, v (N, D) the whole
+    sequence; each rank keeps its shard of q, the K/V shards go around the ring (rank r holds the
+    shard of rank r - s at step s), each step is :func:`ring_step`.  Returns (o, lse) in sequence
+    order; equal to attention on the whole sequence."""
+    from .distributed.layout import positions, step_source
+    q, k, v = np.asarray(q, dtype=float), np.asarray(k, dtype=float), np.asarray(v, dtype=float)
+    n = q.shape[0]
+    pos = [np.array(positions(r, world, n, layout)) for r in range(world)]
+    o, lse = np.zeros_like(q), np.full(n, -np.inf)
+    for r in range(world):
+        o_r, lse_r = np.zeros((len(pos[r]), q.shape[1])), np.full(len(pos[r]), -np.inf)
+        for step in range(world):
+            src = pos[step_source(r, world, step)]
+            o_r, lse_r = ring_step(q[pos[r]], k[src], v[src], pos[r], src, o_r, lse_r, causal, scale)
+        o[pos[r]], lse[pos[r]] = o_r, lse_r
+    return o, lse
+
+
+__all__ += ["merge_partials", "ring_step", "ring_attention_sim"]

@@ -1,0 +1,272 @@
+"""Ring attention on torch.distributed: each rank keeps its queries, K/V blocks go around the ring.
+
+    import torch.distributed as dist
+    from flashlab.distributed import ring_attention, shard
+    dist.init_process_group("nccl")                      # gloo on CPUs (the interpreter)
+    r, W = dist.get_rank(), dist.get_world_size()
+    q, k, v = (shard(t, r, W, "zigzag") for t in (Q, K, V))   # (B, H, N/W, D) each
+    o = ring_attention(q, k, v, is_causal=True)          # this rank's rows of attention(Q, K, V)
+    o.sum().backward()                                   # dQ here; dK/dV come home around the ring
+
+The forward, on rank r of W, for steps s = 0 .. W-1 (rank r holds the K/V shard of rank r-s):
+
+  1. post the send of the current K/V block to rank r+1 and the receive of the next from r-1
+     (one ``dist.batch_isend_irecv``), so the next block is in flight while this one is computed;
+  2. compute the step's tiles (``layout.step_plan``: full, diagonal or skipped, by global
+     position) with the single-GPU kernel, ``flashlab.attention._forward`` -> (O_s, LSE_s);
+  3. merge into the running (O, LSE) by log-sum-exp (notebook 02's merge, for normalised parts):
+     LSE' = log(e^LSE + e^LSE_s), O' = e^(LSE-LSE')·O + e^(LSE_s-LSE')·O_s;
+  4. wait for the receive.
+
+The backward goes around the ring once more with K/V, and with a dK/dV accumulator for the block
+(as zhuzilin's ring-flash-attention does): at each step the rank adds its contribution to the
+accumulator of the block it holds and passes it on with the block; after W steps the accumulator
+of every block has every rank's contribution and one last send brings it home.  Each step's
+backward runs ``flashlab.attention._backward`` with the GLOBAL O and LSE (P = e^(S - LSE) must be
+the softmax over all keys, and D = rowsum(dO∘O) uses the final O); dQ stays local.
+
+GQA: k and v may have H_kv heads, H % H_kv == 0 (query head h reads K/V head h // (H/H_kv)); the
+blocks travel with H_kv heads (fewer bytes), are expanded for the kernel, and dK/dV are summed over
+each group of query heads.
+
+Bytes per step: K and V of one shard in the forward (2·B·H_kv·(N/W)·D elements of q's dtype); in
+the backward K and V again plus the float32 dK/dV accumulators.  Non-contiguous inputs are copied
+once into dense buffers for the sends.
+
+Limits: one sequence length for every rank (the shard's, N/W); no attention mask, dropout or
+window; the transfers are P2P sends of whole shards (no chunking of a block into several messages).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import layout as L
+
+__all__ = ["ring_attention", "merge_attention", "all_gather_sequence", "simulate_ring"]
+
+
+# ----------------------------------------------------------------------------
+# the merge (notebook 02's, for normalised partial outputs)
+# ----------------------------------------------------------------------------
+
+def merge_attention(o, lse, o_part, lse_part):
+    """Merge a partial result (o_part, lse_part) over other keys into (o, lse); returns new tensors.
+
+    o: (..., N, D) float32, lse: (..., N) float32 natural log.  A part that saw no key has
+    lse = -inf and weight 0 (never e^(nan)).  Same rule as :func:`flashlab.reference.merge_states`,
+    which merges unnormalised (m, l, acc): here acc = l·o and lse = m + log l."""
+    new = torch.logaddexp(lse, lse_part)
+    safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)
+    w = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - safe))
+    w_part = torch.where(torch.isneginf(lse_part), torch.zeros_like(lse_part), torch.exp(lse_part - safe))
+    part = torch.where(torch.isneginf(lse_part)[..., None], 0.0, w_part[..., None] * o_part.float())
+    return w[..., None] * o + part, new
+
+
+# ----------------------------------------------------------------------------
+# the ring
+# ----------------------------------------------------------------------------
+
+class _Ring:
+    """Rank, world and the global ranks of the two neighbours in ``group``."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        g = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+        self.next = g((self.rank + 1) % self.world)
+        self.prev = g((self.rank - 1) % self.world)
+
+    def pass_on(self, tensors):
+        """Post sends of ``tensors`` to the next rank and receives of as many from the previous one.
+        Returns (received buffers, requests); wait on the requests before reading the buffers."""
+        tensors = [t.contiguous() for t in tensors]             # P2P sends whole, dense buffers
+        recv = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+        ops = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in recv]
+        return recv, dist.batch_isend_irecv(ops)
+
+
+def _wait(reqs):
+    for r in reqs or ():
+        r.wait()
+
+
+def _expand_heads(t, h):
+    """(B, H_kv, N, D) -> (B, H, N, D): query head h reads K/V head h // (H / H_kv)."""
+    g = h // t.shape[1]
+    return t if g == 1 else t.repeat_interleave(g, dim=1)
+
+
+def _sum_heads(t, h_kv):
+    """(B, H, N, D) -> (B, H_kv, N, D): the gradient of ``_expand_heads``."""
+    B, H, N, D = t.shape
+    return t if H == h_kv else t.view(B, h_kv, H // h_kv, N, D).sum(2)
+
+
+def _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout):
+    from ..attention import _forward
+    B, H, n, D = q.shape
+    o = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
+    lse = torch.full((B, H, n), -math.inf, device=q.device, dtype=torch.float32)
+    kv = [k, v]                                          # the block held now: rank (r - step)'s
+    for step in range(ring.world):
+        reqs = None
+        if step + 1 < ring.world:
+            nxt, reqs = ring.pass_on(kv)                 # (1) the next block in flight during (2)-(3)
+        ke, ve = (_expand_heads(t, H) for t in kv)
+        for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):     # full, diagonal or none
+            o_s, lse_s = _forward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)  # (2)
+            o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)      # (3)
+        if reqs is not None:
+            _wait(reqs)                                  # (4)
+            kv = nxt
+    return o.to(q.dtype), lse
+
+
+def _ring_backward(q, k, v, o, lse, do, causal, scale, allow_tf32, ring, layout):
+    from ..attention import _backward
+    B, H, n, D = q.shape
+    h_kv = k.shape[1]
+    dq = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
+    kv = [k, v]
+    dkv = None                        # the accumulator of the block held now (None: zeros, at step 0)
+    dkv_reqs = None
+    last = ring.world == 1            # one rank: nothing to pass on
+    for step in range(ring.world):
+        kv_reqs = None
+        if step + 1 < ring.world:
+            nxt, kv_reqs = ring.pass_on(kv)
+        ke, ve = (_expand_heads(t, H) for t in kv)
+        dk_s = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
+        dv_s = torch.zeros_like(dk_s)
+        for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):
+            dq_t, dk_t, dv_t = _backward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], o[:, :, t.q],
+                                         lse[:, :, t.q].contiguous(), do[:, :, t.q], t.causal, scale,
+                                         allow_tf32)
+            dq[:, :, t.q] += dq_t
+            dk_s[:, :, t.kv] += dk_t
+            dv_s[:, :, t.kv] += dv_t
+        _wait(dkv_reqs)               # the accumulator that came with this block (in flight during compute)
+        dk_s, dv_s = _sum_heads(dk_s, h_kv), _sum_heads(dv_s, h_kv)
+        if dkv is not None:
+            dk_s, dv_s = dk_s + dkv[0], dv_s + dkv[1]
+        if last:
+            dkv = (dk_s, dv_s)
+        else:
+            dkv, dkv_reqs = ring.pass_on([dk_s, dv_s])   # on with the block; the last send brings it home
+        if kv_reqs is not None:
+            _wait(kv_reqs)
+            kv = nxt
+    _wait(dkv_reqs)
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, allow_tf32, ring, layout):
+        o, lse = _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (causal, scale, allow_tf32, ring, layout)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.args)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _check(q, k, v, layout, group, scale):
+    from ..attention import check_inputs
+    if layout not in L.LAYOUTS:
+        raise ValueError(f"layout must be one of {L.LAYOUTS}, got {layout!r}")
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("ring_attention needs torch.distributed: call torch.distributed.init_process_group("
+                           "'nccl') (GPUs) or ('gloo') (CPUs) in every rank first, then pass each rank's shard "
+                           "(flashlab.distributed.shard)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d tensor (B, H, N/W, D), this rank's shard of the sequence; "
+                             f"got {getattr(t, 'shape', type(t).__name__)}")
+    B, H, n, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"q, k, v must agree on batch and head dim: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[2] != n:
+        raise ValueError(f"q, k, v must be shards of one sequence, with the same length on every rank (dim 2): "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}")
+    h_kv = k.shape[1]
+    if h_kv < 1 or H % h_kv:
+        raise ValueError(f"the query heads H = {H} must be a multiple of the key/value heads H_kv = {h_kv} "
+                         f"(GQA: query head h reads K/V head h // (H / H_kv))")
+    if layout == "zigzag" and n % 2:
+        raise ValueError(f"a zigzag shard is two equal chunks, so its length (dim 2) must be even, got {n}: "
+                         f"the sequence length must be divisible by 2·world; pad it, or use layout='contiguous'")
+    check_inputs(q, k[:, :1].expand(B, H, n, D), v[:, :1].expand(B, H, n, D), scale)
+
+
+def ring_attention(q, k, v, is_causal: bool = False, *, group=None, layout: str = "zigzag",
+                   scale: float | None = None, return_lse: bool = False, allow_tf32: bool = False,
+                   causal: bool | None = None):
+    """Attention over a sequence sharded across the ranks of ``group``; every rank calls it.
+
+    Args:
+        q: (B, H, N/W, D), this rank's rows of the sequence in ``layout`` (see
+            :func:`flashlab.distributed.shard`); k, v: (B, H_kv, N/W, D), the same rows, H % H_kv == 0.
+        is_causal: top-left causal mask over the GLOBAL positions (query i sees keys j <= i).
+        group: a torch.distributed process group (None: the default group).
+        layout: "zigzag" (2W chunks, rank r holds chunks r and 2W-1-r; balanced when causal) or
+            "contiguous" (rank r holds rows [r·N/W, (r+1)·N/W)).
+        scale: softmax scale, default 1/sqrt(D).
+        return_lse: also return the log-sum-exp of this rank's rows over all keys, (B, H, N/W) float32.
+        allow_tf32: as in ``flash_attention``.  ``causal``: alias of ``is_causal``.
+
+    Returns this rank's rows of the output (B, H, N/W, D) in q's dtype (and the LSE).  Differentiable
+    in q, k, v.
+    """
+    if causal is not None:
+        is_causal = causal
+    _check(q, k, v, layout, group, scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    o, lse = _RingAttention.apply(q, k, v, bool(is_causal), scale, bool(allow_tf32), _Ring(group), layout)
+    return (o, lse) if return_lse else o
+
+
+def all_gather_sequence(x, layout: str = "zigzag", dim: int = 2, group=None):
+    """Every rank's shard of ``x`` put back in sequence order (an all-gather; for checks and demos)."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return L.gather(parts, layout, dim)
+
+
+def simulate_ring(q, k, v, world: int, is_causal: bool = False, *, layout: str = "zigzag",
+                  scale: float | None = None, allow_tf32: bool = False):
+    """The ring's forward with every rank played in turn by this one process (no torch.distributed):
+    q (B, H, N, D), k, v (B, H_kv, N, D) the WHOLE sequence; the same tiles (``step_plan``), kernels
+    (``attention._forward``) and merge as :func:`ring_attention`, on any device.  Returns (o, lse) in
+    sequence order.  For notebooks and for timing one rank's steps on one GPU."""
+    from ..attention import _forward
+    B, H, N, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    outs, lses = [], []
+    for rank in range(world):
+        qr = L.shard(q, rank, world, layout)
+        n = qr.shape[2]
+        o = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
+        lse = torch.full((B, H, n), -math.inf, device=q.device, dtype=torch.float32)
+        for step in range(world):
+            src = L.step_source(rank, world, step)
+            ke, ve = (_expand_heads(L.shard(t, src, world, layout), H) for t in (k, v))
+            for t in L.step_plan(rank, world, step, n, layout, is_causal):
+                o_s, lse_s = _forward(qr[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)
+                o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)
+        outs.append(o.to(q.dtype))
+        lses.append(lse)
+    return L.gather(outs, layout), L.gather([x[..., None] for x in lses], layout)[..., 0]
