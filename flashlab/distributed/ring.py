@@ -45,6 +45,14 @@ import torch.distributed as dist
 
 from . import layout as L
 
+# a per-step recorder (flashlab.distributed.timeline.recording installs one); None: no marks, no cost
+_TIMELINE = None
+
+
+def _mark(phase, step, what):
+    if _TIMELINE is not None:
+        _TIMELINE.mark(phase, step, what)
+
 __all__ = ["ring_attention", "merge_attention", "all_gather_sequence", "simulate_ring"]
 
 
@@ -116,15 +124,18 @@ def _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout):
     kv = [k, v]                                          # the block held now: rank (r - step)'s
     for step in range(ring.world):
         reqs = None
+        _mark("fwd", step, "start")
         if step + 1 < ring.world:
             nxt, reqs = ring.pass_on(kv)                 # (1) the next block in flight during (2)-(3)
         ke, ve = (_expand_heads(t, H) for t in kv)
         for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):     # full, diagonal or none
             o_s, lse_s = _forward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)  # (2)
             o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)      # (3)
+        _mark("fwd", step, "compute_end")
         if reqs is not None:
             _wait(reqs)                                  # (4)
             kv = nxt
+        _mark("fwd", step, "end")
     return o.to(q.dtype), lse
 
 
@@ -139,6 +150,7 @@ def _ring_backward(q, k, v, o, lse, do, causal, scale, allow_tf32, ring, layout)
     last = ring.world == 1            # one rank: nothing to pass on
     for step in range(ring.world):
         kv_reqs = None
+        _mark("bwd", step, "start")
         if step + 1 < ring.world:
             nxt, kv_reqs = ring.pass_on(kv)
         ke, ve = (_expand_heads(t, H) for t in kv)
@@ -151,6 +163,7 @@ def _ring_backward(q, k, v, o, lse, do, causal, scale, allow_tf32, ring, layout)
             dq[:, :, t.q] += dq_t
             dk_s[:, :, t.kv] += dk_t
             dv_s[:, :, t.kv] += dv_t
+        _mark("bwd", step, "compute_end")
         _wait(dkv_reqs)               # the accumulator that came with this block (in flight during compute)
         dk_s, dv_s = _sum_heads(dk_s, h_kv), _sum_heads(dv_s, h_kv)
         if dkv is not None:
@@ -162,6 +175,7 @@ def _ring_backward(q, k, v, o, lse, do, causal, scale, allow_tf32, ring, layout)
         if kv_reqs is not None:
             _wait(kv_reqs)
             kv = nxt
+        _mark("bwd", step, "end")
     _wait(dkv_reqs)
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
