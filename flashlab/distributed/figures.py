@@ -12,7 +12,7 @@ from . import cost as C
 from . import layout as L
 
 __all__ = ["fig_programs_vs_sms", "fig_split_merge", "fig_block_table", "fig_ring_schedule",
-           "fig_overlap", "fig_cost_model"]
+           "fig_overlap", "fig_cost_model", "fig_ring_timeline", "fig_ring_scaling"]
 
 _COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
 
@@ -243,5 +243,113 @@ def fig_cost_model(seqlens=(131072, 1048576), H=32, H_kv=8, D=128, elem=2, causa
         ax.legend(fontsize=7, loc="lower left")
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle("On paper (cost model, datasheet bandwidths): ring vs all-to-all", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------
+# recorded runs of scripts/ring_scaling.py (flashlab/data/h200_ring_scaling.json)
+# ----------------------------------------------------------------------------
+
+def fig_ring_timeline(record, max_ranks=4):
+    """One fwd+bwd of the ring, per rank: each step's compute and the wait that compute did not hide
+    (the timeline marks, top) and, where the GPU kernel trace was recorded, the compute kernels and
+    NCCL's transfer kernels on their own lanes (bottom): a transfer bar under a compute bar is the
+    next K/V block in flight during compute.  ``record``: the JSON of ``scripts/ring_scaling.py``."""
+    o = record["overlap"]
+    if "steps" not in o:
+        raise ValueError(f"the record has no overlap timeline (overlap: not run: {o.get('not_run')})")
+    ranks = sorted({s["rank"] for s in o["steps"]})[:max_ranks]
+    kern = o["kernels"].get("ranks") if isinstance(o.get("kernels"), dict) else None
+    panels = 2 if kern else 1
+    fig = Figure(figsize=(10, 1.0 + 0.8 * len(ranks) * panels + 0.6 * panels))
+    ax = fig.add_subplot(panels, 1, 1)
+    phase_col = {"fwd": _color(0), "bwd": _color(2)}
+    for y, r in enumerate(ranks):
+        for st in (x for x in o["steps"] if x["rank"] == r):
+            ax.broken_barh([(st["start_ms"], st["compute_ms"])], (y - 0.35, 0.7), color=phase_col[st["phase"]],
+                           alpha=0.85 if st["step"] % 2 == 0 else 0.6)
+            if st["exposed_ms"] > 0:
+                ax.broken_barh([(st["compute_end_ms"], st["exposed_ms"])], (y - 0.35, 0.7), color=_color(3))
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
+    ax.set_ylim(len(ranks) - 0.5, -0.5)
+    ax.set_xlabel("ms from the rank's first step", fontsize=8)
+    handles = [Rectangle((0, 0), 1, 1, color=phase_col["fwd"]), Rectangle((0, 0), 1, 1, color=phase_col["bwd"]),
+               Rectangle((0, 0), 1, 1, color=_color(3))]
+    ax.legend(handles, ["forward step: compute", "backward step: compute", "wait: transfer not hidden"],
+              fontsize=7, loc="upper right", ncol=3)
+    sh = o["shape"]
+    ax.set_title(f"Ring steps, W = {o['world']}, n = {sh['n']:,} rows per rank, H = {sh['H']}, H_kv = {sh['H_kv']}, "
+                 f"D = {sh['D']}, {sh['dtype']}, causal zigzag: {o['exposed_fraction']:.1%} of step time waits",
+                 fontsize=9)
+    if kern:
+        ax2 = fig.add_subplot(panels, 1, 2)
+        for y, r in enumerate(ranks):
+            for i in kern.get(str(r), []):
+                lane = y - 0.2 if i["kind"] == "compute" else y + 0.2
+                ax2.broken_barh([(i["start_us"] / 1e3, max(i["dur_us"], 1.0) / 1e3)], (lane - 0.17, 0.34),
+                                color=_color(0) if i["kind"] == "compute" else _color(1))
+        ax2.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks], fontsize=8)
+        ax2.set_ylim(len(ranks) - 0.5, -0.5)
+        ax2.set_xlabel("ms from the rank's first kernel", fontsize=8)
+        ax2.legend([Rectangle((0, 0), 1, 1, color=_color(0)), Rectangle((0, 0), 1, 1, color=_color(1))],
+                   ["compute kernels", "NCCL transfer kernels (their own stream)"], fontsize=7, loc="upper right",
+                   ncol=2)
+        frac = o.get("overlap_fraction")
+        ax2.set_title(f"GPU kernels ({o['kernels']['source']}): "
+                      + (f"{frac:.0%} of transfer time runs under a compute kernel" if frac is not None else ""),
+                      fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def fig_ring_scaling(record):
+    """Weak and strong scaling of fwd+bwd (causal) from the record of ``scripts/ring_scaling.py``:
+    the ratio to w times one GPU's throughput (top; the target line at 0.85) and TFLOP/s (bottom),
+    per provider and size, against the number of GPUs w."""
+    s = record["scaling"]
+    if "rows" not in s:
+        raise ValueError(f"the record has no scaling rows (scaling: not run: {s.get('not_run')})")
+    kinds = [k for k in ("weak", "strong") if any(r["kind"] == k for r in s["rows"])]
+    fig = Figure(figsize=(5.4 * len(kinds), 6.6))
+    styles = {"ring zigzag": "o-", "ring contiguous": "s--", "torch context_parallel": "^:"}
+    for a, kind in enumerate(kinds):
+        top = fig.add_subplot(2, len(kinds), a + 1)
+        bot = fig.add_subplot(2, len(kinds), len(kinds) + a + 1)
+        sizes = sorted({r["size"] for r in s["rows"] if r["kind"] == kind})
+        for j, size in enumerate(sizes):
+            for prov, st in styles.items():
+                rows = sorted((r for r in s["rows"] if r["kind"] == kind and r["size"] == size
+                               and r["provider"] == prov and r["tflops"] is not None), key=lambda r: r["world"])
+                if not rows:
+                    continue
+                lab = f"{prov}, {size:,}" + (" tokens/GPU" if kind == "weak" else " tokens")
+                ws = [r["world"] for r in rows]
+                rat = [(r["world"], r["ratio"]) for r in rows if r["ratio"] is not None]
+                if rat:
+                    top.plot([x for x, _ in rat], [y for _, y in rat], st, color=_color(j), label=lab, ms=4)
+                bot.plot(ws, [r["tflops"] for r in rows], st, color=_color(j), label=lab, ms=4)
+        if kind == "weak":
+            tgt = s.get("target", {}).get("ratio_min")
+            if tgt:
+                top.axhline(tgt, color="gray", lw=1, ls=":")
+                top.text(1, tgt, f" target {tgt:.0%} (zigzag, 64k tokens/GPU)", fontsize=7, color="gray",
+                         va="bottom")
+        top.axhline(1.0, color="black", lw=0.8)
+        for ax in (top, bot):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(s["worlds"], [str(w) for w in s["worlds"]])
+            ax.grid(True, alpha=0.3)
+            ax.set_xlabel("GPUs w", fontsize=8)
+        top_r = [r["ratio"] for r in s["rows"] if r["kind"] == kind and r["ratio"] is not None]
+        top.set_ylim(0, max([1.15] + [1.05 * x for x in top_r]))
+        top.set_ylabel("throughput / (w x one GPU)", fontsize=8)
+        bot.set_ylabel("TFLOP/s, all ranks (fwd+bwd)", fontsize=8)
+        top.set_title(f"{kind} scaling" + (" (fixed tokens per GPU)" if kind == "weak" else " (fixed total N)"),
+                      fontsize=9)
+        bot.legend(fontsize=6)
+    sh = s["shape"]
+    fig.suptitle(f"Ring attention fwd+bwd, causal, B = {sh['B']}, H = {sh['H']}, H_kv = {sh['H_kv']}, "
+                 f"D = {sh['D']}, {sh['dtype']} ({record['machine'].get('gpu') or 'CPU processes'})", fontsize=10)
     fig.tight_layout()
     return fig
