@@ -6,6 +6,9 @@
 
 NVLink multicast stays off: the script sets NCCL_NVLS_ENABLE=0 (and TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1) before any process group exists.  Rank r uses cuda:r (torchrun: LOCAL_RANK).
+flashlab's autotuner is off (FLASHLAB_AUTOTUNE=0: the hand-picked tiles at every size, the same
+kernels in every ratio's numerator and denominator) unless ``--autotune``: tuning runs each candidate
+config several times per new length bucket, which at 512k rows on one GPU costs minutes.
 
 Sections (``--sections``, default all three), each on the W ranks of the run:
 
@@ -14,7 +17,7 @@ Sections (``--sections``, default all three), each on the W ranks of the run:
    dQ, dK, dV and judges each by ``flashlab.accuracy``'s rule against float64 attention on the whole
    sequence on one device (PyTorch's naive attention in the same dtype is the peer), and records the
    largest difference from the single-device op ``flash_attention`` on the whole sequence.  Prints
-   PASS/FAIL per case.  Expected time on H200s: ~10 s (16 cases, N 4096).
+   PASS/FAIL per case.  Expected on H200s: ~30 s (8 cases at N 4096, most of it compiling).
 2. overlap: one fwd+bwd at ``--overlap-n`` rows per rank on all W ranks with the per-step timeline of
    ``flashlab.distributed.timeline`` (CUDA events: compute, and the exposed wait = the part of the
    transfer that compute did not hide) and, on GPUs, ``torch.profiler``'s kernel trace (the compute
@@ -29,10 +32,14 @@ Sections (``--sections``, default all three), each on the W ranks of the run:
    first; 'not run: <reason>' where it does not run).  The throughput is attention FLOPs (causal:
    half of 4·B·H·N²·D, times 3.5 for fwd+bwd) per second of the slowest rank (median of ``--reps``);
    ratio = throughput(w) / (w · throughput(1)) of the same provider.  Target: ring zigzag, causal,
-   64k tokens per GPU, ratio >= 0.85 at the largest w.  Expected on 8 H200s with the defaults
-   (B 1, H 8, H_kv 8, at ~200 TFLOP/s fwd+bwd per GPU, 1 warm-up + 3 reps): weak ~60 s, strong
-   ~220 s (the one-GPU 512k baseline alone ~40 s), context parallelism about as much again:
-   ~6-8 minutes in all.  ``--no-cp`` drops it; ``--total 131072`` alone halves the strong part.
+   64k tokens per GPU, ratio >= 0.85 at the largest w.
+
+Time budget on 8 H200s with the defaults (B 1, H 8, H_kv 8, D 128; 1 warm-up + 3 timed reps; assumed
+~150 TFLOP/s fwd+bwd per GPU, not measured): correctness ~30 s, overlap ~15 s, scaling ~5.5 min
+(weak 16k ~3 s, weak 64k ~45 s, strong 128k ~17 s, strong 512k ~4.5 min of which the one-GPU 512k
+baseline is ~1 min for the ring and as much for context parallelism): ~6.5 minutes in all, under
+10.  Shorter: ``--no-cp`` (~-2 min), ``--total 131072`` (~-4 min), ``--reps 2``.  Each section's
+wall seconds go into the record.
 
 The record (``--out``; notebook 09 and ``flashlab.distributed.figures`` read it), schema
 "flashlab.ring_scaling/1" (``validate(record)`` checks it; ``null`` where a value was not measured):
@@ -40,7 +47,8 @@ The record (``--out``; notebook 09 and ``flashlab.distributed.figures`` read it)
     schema      "flashlab.ring_scaling/1"
     date, command (str); world (int: W); cpu (bool: gloo processes, tiny sizes)
     machine     {gpu (str|null), gpus (int), torch, triton, python (str), backend ("nccl"|"gloo"),
-                 nccl (str|null), env {NCCL_NVLS_ENABLE, ...: str|null}}
+                 nccl (str|null), autotune (bool: flashlab's kernels autotuned), env {NCCL_NVLS_ENABLE,
+                 TORCH_SYMM_MEM_DISABLE_MULTICAST, NVSHMEM_DISABLE_NVLS, FLASHLAB_AUTOTUNE: str|null}}
     seconds     {section name: wall seconds, ..., "total"}
     correctness {shape {B, H, H_kv, N, D}, world, all_ok (bool), cases: [{layout, causal (bool),
                  dtype, ok (bool), max_diff_vs_op (float), checks: [{name, err, torch_err, bound,
@@ -74,11 +82,21 @@ import sys
 import time
 from pathlib import Path
 
-# before any process group (and before a spawned child's): NVLink multicast off
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ[_k] = _v
-if "--cpu" in sys.argv[1:]:
-    os.environ.setdefault("TRITON_INTERPRET", "1")         # before flashlab (and triton) is imported
+MULTICAST_OFF = (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1"))
+
+
+def _multicast_off():
+    """NVLink multicast off, before any process group exists (NCCL reads these when it starts)."""
+    for k, v in MULTICAST_OFF:
+        os.environ[k] = v
+
+
+if __name__ in ("__main__", "__mp_main__"):       # run as the script (or its spawned ranks), not imported
+    _multicast_off()
+    if "--cpu" in sys.argv[1:]:
+        os.environ.setdefault("TRITON_INTERPRET", "1")     # before flashlab (and triton) is imported
+    if "--autotune" not in sys.argv[1:]:
+        os.environ["FLASHLAB_AUTOTUNE"] = "0"              # hand-picked tiles at every size (see --autotune)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -88,7 +106,7 @@ import torch.distributed as dist  # noqa: E402
 
 SCHEMA = "flashlab.ring_scaling/1"
 PROVIDERS = ("ring zigzag", "ring contiguous", "torch context_parallel")
-ENV_KEYS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+ENV_KEYS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "FLASHLAB_AUTOTUNE")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TARGET = 0.85
 
@@ -120,6 +138,9 @@ def parse(argv=None):
     ap.add_argument("--reps", type=int, default=None, help="timed reps (default 3; --cpu 1)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up runs (default 1; --cpu 0)")
     ap.add_argument("--no-cp", action="store_true", help="skip torch's context_parallel")
+    ap.add_argument("--autotune", action="store_true",
+                    help="let flashlab's kernels autotune (off by default: tuning each new length bucket runs "
+                         "every candidate config several times, minutes at 512k on one GPU)")
     ap.add_argument("--timeout", type=float, default=None, help="--spawn: seconds before every rank is stopped")
     a = ap.parse_args(argv)
     cpu = a.cpu
@@ -135,7 +156,7 @@ def parse(argv=None):
     a.total = pick(a.total, [131072, 524288], [32])
     a.reps = pick(a.reps, 3, 1)
     a.warmup = pick(a.warmup, 1, 0)
-    a.timeout = pick(a.timeout, 1800.0, 300.0)
+    a.timeout = pick(a.timeout, 900.0, 300.0)
     a.sections = [s for s in a.sections.split(",") if s]
     bad = set(a.sections) - {"correctness", "overlap", "scaling"}
     if bad:
@@ -558,13 +579,16 @@ def worker(rank, world, a):
     nccl = None
     if dev.type == "cuda":
         try:
-            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, (tuple, list)) else str(v)
         except Exception:  # noqa: BLE001
             nccl = None
+    from flashlab.kernels import tiles
     rec["machine"] = dict(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                           gpus=torch.cuda.device_count() if dev.type == "cuda" else 0,
                           torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                          backend=dist.get_backend(), nccl=nccl, env={k: os.environ.get(k) for k in ENV_KEYS})
+                          backend=str(dist.get_backend()), nccl=nccl, autotune=bool(tiles.AUTOTUNE and not flashlab.device.INTERPRET),
+                          env={k: os.environ.get(k) for k in ENV_KEYS})
     rec["seconds"] = secs
     return rec
 
@@ -624,6 +648,7 @@ def table(rec) -> str:
 
 def main(argv=None):
     a = parse(argv)
+    _multicast_off()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and a.spawn is None:       # torchrun
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         a.launcher = f"torchrun --nproc-per-node {world}"
@@ -676,7 +701,7 @@ _ROW = {"kind": str, "size": int, "N": int, "world": int, "provider": str, "seco
 SPEC = {
     "schema": str, "date": str, "command": str, "world": int, "cpu": bool,
     "machine": {"gpu": (str, type(None)), "gpus": int, "torch": str, "triton": str, "python": str, "backend": str,
-                "nccl": (str, type(None)), "env": dict},
+                "nccl": (str, type(None)), "autotune": bool, "env": dict},
     "seconds": dict,
     "correctness": ("not_run", {"shape": {"B": int, "H": int, "H_kv": int, "N": int, "D": int}, "world": int,
                                 "all_ok": bool, "cases": [_CASE]}),

@@ -42,12 +42,12 @@ def cpu_run(rs, tmp_path_factory):
 @on_cpu_processes
 def test_cpu_run_end_to_end(rs, cpu_run):
     rec, out, seconds = cpu_run
-    assert seconds < 60, f"the --cpu run took {seconds:.0f} s"
+    assert seconds < 60, f"the --cpu run took {seconds:.0f} s (sections: {rec['seconds']})"
     on_disk = json.loads(out.read_text())
     assert on_disk == json.loads(json.dumps(rec))
     assert rs.validate(on_disk) == [], rs.validate(on_disk)
     assert on_disk["world"] == 2 and on_disk["cpu"] is True and on_disk["machine"]["backend"] == "gloo"
-    assert on_disk["machine"]["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert on_disk["machine"]["env"]["NCCL_NVLS_ENABLE"] == "0" and on_disk["machine"]["autotune"] is False
 
     c = on_disk["correctness"]
     assert c["all_ok"] and len(c["cases"]) == 8
@@ -133,7 +133,7 @@ def test_a_wrong_merge_fails_the_correctness_section(rs, monkeypatch, capfd):
 def test_validate_names_what_is_wrong(rs):
     good = {"schema": rs.SCHEMA, "date": "d", "command": "c", "world": 2, "cpu": True,
             "machine": {"gpu": None, "gpus": 0, "torch": "t", "triton": "t", "python": "p", "backend": "gloo",
-                        "nccl": None, "env": {}},
+                        "nccl": None, "autotune": False, "env": {}},
             "seconds": {"total": 1.0}, "correctness": {"not_run": "x"}, "overlap": {"not_run": "x"},
             "scaling": {"shape": {"B": 1, "H": 2, "H_kv": 2, "D": 16, "dtype": "bf16", "causal": True},
                         "worlds": [1, 2], "reps": 1,
