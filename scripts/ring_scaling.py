@@ -185,8 +185,10 @@ def _sync(dev):
 
 
 def _randn(shape, seed, dev, dtype):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dev, dtype)
+    """Normal numbers made on ``dev`` (a 512k-row tensor drawn on the host would take seconds); the
+    same seed gives the same tensor on every rank (every GPU of one kind)."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return torch.randn(*shape, generator=g, device=dev).to(dtype)
 
 
 def attention_flops(B, H, N, D, causal=True, passes=3.5):
@@ -218,6 +220,8 @@ def section_correctness(rank, world, a, dev):
     from flashlab.accuracy import judge
     from flashlab.distributed import all_gather_sequence, ring_attention, shard
     B, H, H_kv, N, D = a.check
+    if N % (2 * world):
+        raise ValueError(f"--check: N = {N} must be divisible by 2·W = {2 * world} (the zigzag's 2W chunks)")
     cases = []
     seed = 100
     for dname in a.dtypes:
@@ -506,10 +510,10 @@ def section_scaling(rank, world, a, dev):
                             fn, reason = _cp_runner(rank, w, N, a, dev, dtype, group)
                         if fn is not None:
                             sec = _time(fn, dev, group, a.warmup, a.reps)
-                    except Exception as e:  # noqa: BLE001 - one provider's failure is reported, not fatal
+                    except Exception as e:  # noqa: BLE001 - one provider's failure (e.g. out of memory) is
+                        # reported, not fatal: every member meets the same shapes, so all of them get here
                         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-                        if prov.startswith("ring"):
-                            raise
+                        print(f"[scaling] rank {rank}: {prov} N={N} w={w} raised {reason}", flush=True)
                     finally:
                         if fn is not None and hasattr(fn, "close"):
                             fn.close()
@@ -533,7 +537,7 @@ def section_scaling(rank, world, a, dev):
                         row["ratio"] = row["tflops"] / (w * base[prov])
                 rows.append(row)
                 if rank == 0:
-                    val = (f"{row['seconds'] * 1e3:9.1f} ms {row['tflops']:7.1f} TFLOP/s ratio "
+                    val = (f"{row['seconds'] * 1e3:9.1f} ms {_num(row['tflops'])} TFLOP/s ratio "
                            f"{row['ratio']:.3f}" if row["seconds"] else f"not run: {row['not_run']}")
                     print(f"[scaling] {kind:>6} {size:>7} N={N:>8} w={w} {prov:<22} {val}", flush=True)
                 dist.barrier()
@@ -554,28 +558,9 @@ def section_scaling(rank, world, a, dev):
 # the run
 # ----------------------------------------------------------------------------
 
-def worker(rank, world, a):
-    """Every rank runs this; rank 0 returns the record (the others None)."""
-    dev = _device(a)
-    rec = dict(schema=SCHEMA, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               command=a.launcher + " scripts/ring_scaling.py " + " ".join(a.argv), world=world, cpu=bool(a.cpu))
-    secs = {}
-    t_all = time.perf_counter()
-    for name, fn in (("correctness", section_correctness), ("overlap", section_overlap),
-                     ("scaling", section_scaling)):
-        t0 = time.perf_counter()
-        if name in a.sections:
-            res = fn(rank, world, a, dev)
-        else:
-            res = dict(not_run=f"not in --sections {','.join(a.sections)}")
-        if rank == 0:
-            rec[name] = res
-        secs[name] = time.perf_counter() - t0
-        dist.barrier()
-    secs["total"] = time.perf_counter() - t_all
-    if rank != 0:
-        return None
+def _machine(dev):
     import triton
+    from flashlab.kernels import tiles
     nccl = None
     if dev.type == "cuda":
         try:
@@ -583,14 +568,55 @@ def worker(rank, world, a):
             nccl = ".".join(str(x) for x in v) if isinstance(v, (tuple, list)) else str(v)
         except Exception:  # noqa: BLE001
             nccl = None
-    from flashlab.kernels import tiles
-    rec["machine"] = dict(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
-                          gpus=torch.cuda.device_count() if dev.type == "cuda" else 0,
-                          torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                          backend=str(dist.get_backend()), nccl=nccl, autotune=bool(tiles.AUTOTUNE and not flashlab.device.INTERPRET),
-                          env={k: os.environ.get(k) for k in ENV_KEYS})
-    rec["seconds"] = secs
-    return rec
+    return dict(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+                gpus=torch.cuda.device_count() if dev.type == "cuda" else 0,
+                torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
+                backend=str(dist.get_backend()), nccl=nccl,
+                autotune=bool(tiles.AUTOTUNE and not flashlab.device.INTERPRET),
+                env={k: os.environ.get(k) for k in ENV_KEYS})
+
+
+SECTIONS = ("correctness", "overlap", "scaling")
+
+
+def _write(rec, path):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".part")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def worker(rank, world, a):
+    """Every rank runs this; rank 0 returns the record (the others None).  With ``--out``, rank 0
+    writes the record after every section (the sections still to come: not_run), so a run stopped
+    part way keeps what it measured."""
+    dev = _device(a)
+    rec = dict(schema=SCHEMA, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               command=a.launcher + " scripts/ring_scaling.py " + " ".join(a.argv), world=world, cpu=bool(a.cpu),
+               machine=_machine(dev), seconds={})
+    for name in SECTIONS:
+        rec[name] = dict(not_run="the run stopped before this section finished")
+    t_all = time.perf_counter()
+    for name, fn in zip(SECTIONS, (section_correctness, section_overlap, section_scaling)):
+        t0 = time.perf_counter()
+        if name in a.sections:
+            res = fn(rank, world, a, dev)
+        else:
+            res = dict(not_run=f"not in --sections {','.join(a.sections)}")
+        dist.barrier()
+        if rank == 0:
+            rec[name] = res
+            rec["seconds"][name] = time.perf_counter() - t0
+            rec["seconds"]["total"] = time.perf_counter() - t_all
+            if a.out:
+                _write(rec, a.out)
+    return rec if rank == 0 else None
+
+
+def _num(x) -> str:
+    """7 characters: 1 decimal from 1 up, 2 significant digits below (CPU runs are tiny)."""
+    return f"{x:7.1f}" if abs(x) >= 1 else f"{x:7.2g}"
 
 
 def table(rec) -> str:
@@ -633,7 +659,8 @@ def table(rec) -> str:
                 if r is None or r["tflops"] is None:
                     cells.append(f"{'not run':>15}")
                 else:
-                    cells.append(f"{r['tflops']:>7.1f} ({r['ratio']:.2f})" if r["ratio"] is not None else f"{r['tflops']:>15.1f}")
+                    cells.append(f"{_num(r['tflops'])} ({r['ratio']:.2f})" if r["ratio"] is not None
+                                 else f"{_num(r['tflops']):>15}")
             out.append(f"  {kind:>6} {size:>7} {prov:<22} " + " ".join(cells))
         for r in {x["not_run"] for x in s["rows"] if x["provider"] == "torch context_parallel" and x["not_run"]}:
             out.append(f"  torch context_parallel not run: {r}")
@@ -678,8 +705,7 @@ def main(argv=None):
     if problems:
         print("record does not match the schema:\n  " + "\n  ".join(problems), file=sys.stderr)
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(rec, indent=1) + "\n")
+        _write(rec, a.out)
         print(f"wrote {a.out}")
     print(table(rec))
     return rec
