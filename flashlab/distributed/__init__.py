@@ -7,6 +7,8 @@
 * :mod:`.cost`: the overlap condition and the ring vs all-to-all cost model (no GPU needed);
   :mod:`.figures`: notebook 09's pictures; :mod:`.local`: run a function on W local processes of
   one process group (tests, demos); :func:`simulate_ring`: the ring's forward played by one process.
+* :mod:`.timeline`: an optional per-step recorder of the ring (compute, and the wait the compute
+  did not hide), for ``scripts/ring_scaling.py``'s overlap measurement.
 """
 from .layout import LAYOUTS, Tile, chunk_ids, gather, num_chunks, positions, shard, step_plan, step_source, step_work
 from .ring import all_gather_sequence, merge_attention, ring_attention, simulate_ring
