@@ -38,8 +38,9 @@ Time budget on 8 H200s with the defaults (B 1, H 8, H_kv 8, D 128; 1 warm-up + 3
 ~150 TFLOP/s fwd+bwd per GPU, not measured): correctness ~30 s, overlap ~15 s, scaling ~5.5 min
 (weak 16k ~3 s, weak 64k ~45 s, strong 128k ~17 s, strong 512k ~4.5 min of which the one-GPU 512k
 baseline is ~1 min for the ring and as much for context parallelism): ~6.5 minutes in all, under
-10.  Shorter: ``--no-cp`` (~-2 min), ``--total 131072`` (~-4 min), ``--reps 2``.  Each section's
-wall seconds go into the record.
+10.  Shorter: ``--no-cp`` (~-2 min), ``--total 131072`` (~-4 min), ``--reps 2``.  ``--plan W``
+prints this estimate for any sizes and W without running anything.  Each section's wall seconds go
+into the record.
 
 The record (``--out``; notebook 09 and ``flashlab.distributed.figures`` read it), schema
 "flashlab.ring_scaling/1" (``validate(record)`` checks it; ``null`` where a value was not measured):
@@ -142,6 +143,10 @@ def parse(argv=None):
                     help="let flashlab's kernels autotune (off by default: tuning each new length bucket runs "
                          "every candidate config several times, minutes at 512k on one GPU)")
     ap.add_argument("--timeout", type=float, default=None, help="--spawn: seconds before every rank is stopped")
+    ap.add_argument("--plan", type=int, default=None, metavar="W",
+                    help="print the scaling runs for W GPUs and their estimated seconds, run nothing")
+    ap.add_argument("--assume-tflops", type=float, default=150.0,
+                    help="--plan: fwd+bwd TFLOP/s per GPU assumed for the estimate (an assumption, not a measurement)")
     a = ap.parse_args(argv)
     cpu = a.cpu
     pick = lambda x, gpu, c: x if x is not None else (c if cpu else gpu)  # noqa: E731
@@ -673,8 +678,35 @@ def table(rec) -> str:
     return "\n".join(out)
 
 
+def plan(a, world: int) -> tuple:
+    """(lines, seconds): the scaling runs for ``world`` GPUs and an estimate of each one's seconds at
+    ``--assume-tflops`` per GPU, (warm-up + reps) runs each; contiguous causal waits for its busiest
+    rank ((2w-1)/w of the mean work); context parallelism is assumed as fast as the zigzag ring."""
+    worlds = a.worlds or sorted({1, world} | {2 ** i for i in range(1, 8) if 2 ** i <= world})
+    rate, runs = a.assume_tflops * 1e12, a.warmup + a.reps
+    lines, total = [], 0.0
+    for kind, sizes in (("weak", a.tokens_per_gpu), ("strong", a.total)):
+        for size in sizes:
+            sec = 0.0
+            for w in worlds:
+                N = size * w if kind == "weak" else size
+                zz = attention_flops(a.B, a.H, N, a.D) / w / rate
+                con = zz * (2 * w - 1) / w if w > 1 else 0.0
+                cp = 0.0 if a.no_cp else zz
+                sec += runs * (zz + con + cp)
+            lines.append(f"  {kind:>6} {size:>8,}: w in {worlds}, ~{sec:6.1f} s")
+            total += sec
+    return lines, total
+
+
 def main(argv=None):
     a = parse(argv)
+    if a.plan:
+        lines, total = plan(a, a.plan)
+        print(f"scaling on {a.plan} GPUs, B {a.B} H {a.H} H_kv {a.H_kv} D {a.D} {a.scaling_dtype}, {a.warmup} warm-up + "
+              f"{a.reps} reps, at an assumed {a.assume_tflops:.0f} TFLOP/s fwd+bwd per GPU:")
+        print("\n".join(lines) + f"\n  scaling ~{total / 60:.1f} min (+ ~1 min correctness, overlap and compiling)")
+        return None
     _multicast_off()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and a.spawn is None:       # torchrun
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

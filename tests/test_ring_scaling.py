@@ -218,3 +218,17 @@ def test_timeline_marks_each_step_and_leaves_the_ring_alone(monkeypatch):
     n = len(tl.marks)
     RG._ring_forward(q, k, v, True, 0.25, False, FakeRing(), "zigzag")
     assert len(tl.marks) == n                      # not installed: nothing recorded
+
+
+def test_plan_estimates_the_budget_without_running(rs, capsys):
+    a = rs.parse([])
+    lines, full = rs.plan(a, 8)
+    assert len(lines) == 4 and all("w in [1, 2, 4, 8]" in x for x in lines)
+    # the strong 512k case dominates; its one-GPU runs alone:
+    one = rs.attention_flops(1, 8, 524288, 128) / 150e12 * 4 * 2       # ring + context parallelism, 4 runs
+    assert one < full < 600
+    _, no_cp = rs.plan(rs.parse(["--no-cp"]), 8)
+    _, short = rs.plan(rs.parse(["--total", "131072"]), 8)
+    assert no_cp < full and short < full
+    assert rs.main(["--plan", "2"]) is None
+    assert "scaling on 2 GPUs" in capsys.readouterr().out
