@@ -58,7 +58,7 @@ The record (``--out``; notebook 09 and ``flashlab.distributed.figures`` read it)
                  steps: [{rank, phase ("fwd"|"bwd"), step, start_ms, compute_end_ms, end_ms,
                           compute_ms, exposed_ms}],      (each rank's times from its first mark)
                  kernels: {source (str), ranks: {"r": [{kind ("compute"|"transfer"), name,
-                          start_us, dur_us}]}} or {not_run: str},
+                          start_us, dur_us}]}} (ranks 0-3, 2000 kernels each) or {not_run: str},
                  overlap_fraction (float|null), exposed_fraction (float: sum exposed / sum step time),
                  p2p {bytes (int, sent per rank per step), seconds, gbps},
                  in_ring_gbps (float|null: K/V bytes / mean NCCL kernel time in the forward)}
@@ -110,6 +110,7 @@ PROVIDERS = ("ring zigzag", "ring contiguous", "torch context_parallel")
 ENV_KEYS = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "FLASHLAB_AUTOTUNE")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 TARGET = 0.85
+KEEP_TRACES = 4            # ranks whose kernel trace goes into the record (it is package data: kept small)
 
 
 # ----------------------------------------------------------------------------
@@ -299,14 +300,14 @@ def _p2p_gbps(rank, world, shape, dtype, dev, reps):
     return dict(bytes=nbytes, seconds=sec, gbps=nbytes / sec / 1e9)
 
 
-def kernel_intervals(trace: dict, limit: int = 4000) -> list:
+def kernel_intervals(trace: dict, limit: int = 2000) -> list:
     """GPU kernels of a chrome trace (``torch.profiler``'s export) as [{kind, name, start_us, dur_us}]
     from the first kernel on; NCCL's kernels are the transfer, every other kernel compute."""
     ev = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and "dur" in e]
     if not ev:
         return []
     t0 = min(float(e["ts"]) for e in ev)
-    out = [dict(kind="transfer" if "nccl" in e.get("name", "").lower() else "compute", name=e.get("name", "")[:60],
+    out = [dict(kind="transfer" if "nccl" in e.get("name", "").lower() else "compute", name=e.get("name", "")[:40],
                 start_us=float(e["ts"]) - t0, dur_us=float(e["dur"])) for e in ev]
     out.sort(key=lambda x: x["start_us"])
     return out[:limit]
@@ -378,7 +379,9 @@ def section_overlap(rank, world, a, dev):
     all_steps = [s for g in gathered for s in g["steps"]]
     if isinstance(gathered[0]["kernels"], list):
         ranks = {str(r): g["kernels"] for r, g in enumerate(gathered) if isinstance(g["kernels"], list)}
-        kern = dict(source="torch.profiler (CUDA kernels; NCCL kernels = transfer)", ranks=ranks)
+        # the fraction over every rank; the record keeps the trace of the first KEEP_TRACES ranks
+        kern = dict(source="torch.profiler (CUDA kernels; NCCL kernels = transfer)",
+                    ranks={r: iv for r, iv in ranks.items() if int(r) < KEEP_TRACES})
         fr = [overlap_fraction(iv) for iv in ranks.values()]
         fr = [x for x in fr if x is not None]
         frac = sum(fr) / len(fr) if fr else None
