@@ -647,7 +647,7 @@ def table(rec) -> str:
                    f"overlap (n={o['shape']['n']} rows/rank): exposed wait {o['exposed_fraction']:.1%} of step time; "
                    f"kernel trace not run")
         if p.get("gbps"):
-            out.append(f"  P2P step alone: {p['bytes'] / 1e6:.1f} MB in {p['seconds'] * 1e3:.3f} ms = {p['gbps']:.1f} GB/s"
+            out.append(f"  P2P step alone: {p['bytes'] / 1e6:.3g} MB in {p['seconds'] * 1e3:.3g} ms = {p['gbps']:.3g} GB/s"
                        + (f"; in the ring {o['in_ring_gbps']:.1f} GB/s" if o.get("in_ring_gbps") else ""))
     else:
         out.append(f"overlap: not run: {o['not_run']}")
