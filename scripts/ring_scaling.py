@@ -548,9 +548,14 @@ def section_scaling(rank, world, a, dev):
                     val = (f"{row['seconds'] * 1e3:9.1f} ms {_num(row['tflops'])} TFLOP/s ratio "
                            f"{row['ratio']:.3f}" if row["seconds"] else f"not run: {row['not_run']}")
                     print(f"[scaling] {kind:>6} {size:>7} N={N:>8} w={w} {prov:<22} {val}", flush=True)
+                    _checkpoint("scaling", _scaling_record(a, worlds, rows))     # a stopped run keeps its rows
                 dist.barrier()
     if rank != 0:
         return None
+    return _scaling_record(a, worlds, rows)
+
+
+def _scaling_record(a, worlds, rows):
     wmax = max(worlds)
     size_t = 65536 if 65536 in a.tokens_per_gpu else (max(a.tokens_per_gpu) if a.tokens_per_gpu else None)
     hit = [r for r in rows if r["kind"] == "weak" and r["size"] == size_t and r["world"] == wmax
@@ -559,7 +564,7 @@ def section_scaling(rank, world, a, dev):
     target = dict(kind="weak", size=size_t, provider="ring zigzag", world=wmax, ratio_min=TARGET, ratio=ratio,
                   met=None if ratio is None or wmax == 1 else bool(ratio >= TARGET))
     return dict(shape=dict(B=a.B, H=a.H, H_kv=a.H_kv, D=a.D, dtype=a.scaling_dtype, causal=True),
-                worlds=worlds, reps=a.reps, rows=rows, target=target)
+                worlds=worlds, reps=a.reps, rows=list(rows), target=target)
 
 
 # ----------------------------------------------------------------------------
@@ -595,6 +600,14 @@ def _write(rec, path):
     tmp.replace(path)
 
 
+_CHECKPOINT = None          # rank 0, with --out: write the record with one section's partial result
+
+
+def _checkpoint(name, res):
+    if _CHECKPOINT is not None:
+        _CHECKPOINT(name, res)
+
+
 def worker(rank, world, a):
     """Every rank runs this; rank 0 returns the record (the others None).  With ``--out``, rank 0
     writes the record after every section (the sections still to come: not_run), so a run stopped
@@ -605,6 +618,11 @@ def worker(rank, world, a):
                machine=_machine(dev), seconds={})
     for name in SECTIONS:
         rec[name] = dict(not_run="the run stopped before this section finished")
+    global _CHECKPOINT
+
+    def checkpoint(name, res):
+        _write(dict(rec, **{name: res}), a.out)
+    _CHECKPOINT = checkpoint if (rank == 0 and a.out) else None
     t_all = time.perf_counter()
     for name, fn in zip(SECTIONS, (section_correctness, section_overlap, section_scaling)):
         t0 = time.perf_counter()
