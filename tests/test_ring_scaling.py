@@ -232,3 +232,31 @@ def test_plan_estimates_the_budget_without_running(rs, capsys):
     assert no_cp < full and short < full
     assert rs.main(["--plan", "2"]) is None
     assert "scaling on 2 GPUs" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL ranks need two GPUs")
+def test_two_gpus_nccl_small(tmp_path):
+    """The script itself on 2 GPUs (NCCL) at small sizes: correctness passes, the kernel trace shows
+    NCCL transfers, every scaling row ran or says why not."""
+    import subprocess
+    import sys
+    out = tmp_path / "ring.json"
+    cmd = [sys.executable, str(ROOT / "scripts" / "ring_scaling.py"), "--spawn", "2", "--out", str(out),
+           "--check", "1", "4", "2", "1024", "128", "--overlap-n", "4096", "--tokens-per-gpu", "4096",
+           "--total", "16384", "--reps", "1", "--timeout", "500"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rs = _script()
+    rec = json.loads(out.read_text())
+    assert rs.validate(rec) == []
+    assert rec["machine"]["backend"] == "nccl" and rec["machine"]["env"]["NCCL_NVLS_ENABLE"] == "0"
+    assert rec["correctness"]["all_ok"], [c for c in rec["correctness"]["cases"] if not c["ok"]]
+    o = rec["overlap"]
+    assert "ranks" in o["kernels"], o["kernels"]
+    assert any(i["kind"] == "transfer" for i in o["kernels"]["ranks"]["0"])
+    assert o["p2p"]["gbps"] > 1
+    for r in rec["scaling"]["rows"]:
+        assert (r["seconds"] is not None) != (r["not_run"] is not None), r
+        if r["provider"].startswith("ring"):
+            assert r["seconds"] is not None, r
