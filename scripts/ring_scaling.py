@@ -472,8 +472,13 @@ def _cp_runner(r, w, N, a, dev, dtype, group):
     Q, K, V, dO = make(N, 5000)
     bufs = [Q, K, V, dO]
     stack = contextlib.ExitStack()
-    stack.enter_context(sdpa_kernel(backends))
-    stack.enter_context(context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2], no_restore_buffers=set(bufs)))
+    try:
+        stack.enter_context(sdpa_kernel(backends))
+        stack.enter_context(context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2, 2],
+                                             no_restore_buffers=set(bufs)))
+    except BaseException:
+        stack.close()
+        raise
     q, k, v = (t.detach().requires_grad_() for t in bufs[:3])
     do = bufs[3]
 
@@ -545,8 +550,9 @@ def section_scaling(rank, world, a, dev):
                         row["ratio"] = row["tflops"] / (w * base[prov])
                 rows.append(row)
                 if rank == 0:
-                    val = (f"{row['seconds'] * 1e3:9.1f} ms {_num(row['tflops'])} TFLOP/s ratio "
-                           f"{row['ratio']:.3f}" if row["seconds"] else f"not run: {row['not_run']}")
+                    ratio = "n/a" if row["ratio"] is None else f"{row['ratio']:.3f}"
+                    val = (f"{row['seconds'] * 1e3:9.1f} ms {_num(row['tflops'])} TFLOP/s ratio {ratio}"
+                           if row["seconds"] else f"not run: {row['not_run']}")
                     print(f"[scaling] {kind:>6} {size:>7} N={N:>8} w={w} {prov:<22} {val}", flush=True)
                     _checkpoint("scaling", _scaling_record(a, worlds, rows))     # a stopped run keeps its rows
                 dist.barrier()
