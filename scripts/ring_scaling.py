@@ -60,7 +60,8 @@ The record (``--out``; notebook 09 and ``flashlab.distributed.figures`` read it)
                  kernels: {source (str), ranks: {"r": [{kind ("compute"|"transfer"), name,
                           start_us, dur_us}]}} (ranks 0-3, 2000 kernels each) or {not_run: str},
                  overlap_fraction (float|null), exposed_fraction (float: sum exposed / sum step time),
-                 p2p {bytes (int, sent per rank per step), seconds, gbps},
+                 p2p {bytes (int: sent by each rank in one step; it receives as many), seconds,
+                      gbps (bytes / seconds: per direction, per GPU)},
                  in_ring_gbps (float|null: K/V bytes / mean NCCL kernel time in the forward)}
                                                            or {not_run: str}
     scaling     {shape {B, H, H_kv, D, dtype, causal}, worlds [int], reps (int),
