@@ -201,6 +201,35 @@ def test_forced_versions_and_tiles_run_as_planned(rng, spy, fv, bv):
         assert (got.double() - want).abs().max() < 2e-2
 
 
+@pytest.mark.parametrize("fv,bv", [("v1", "v1"), ("v2", "v2"), ("v3", "v3"), ("v3", "v4")])
+def test_runner_arguments_are_every_parameter_in_order(rng, monkeypatch, fv, bv):
+    """What a compiled kernel's runner is given after the first launch (tiles._Runner): the launcher's
+    positional arguments are exactly the kernel's non-constexpr parameters, in order, and every constexpr
+    after them is set by the launch or has a default, so the runner gets every parameter, as
+    JITFunction.run passes them (triton >= 3.3)."""
+    import inspect
+
+    import triton.language as tl
+    seen = []
+    real = tiles._launch
+
+    def launch(kern, args, consts, cfg, grid_of, *a):
+        seen.append((kern, args(cfg) if callable(args) else args, dict(consts, BLOCK_M=cfg.block_m,
+                                                                       BLOCK_N=cfg.block_n)))
+        return real(kern, args, consts, cfg, grid_of, *a)
+    monkeypatch.setattr(tiles, "_launch", launch)
+    q, k, v, do = (torch.randn(1, 2, 40, 32, device=DEV, dtype=fp16) for _ in range(4))
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=DEV)
+    kernels.launch_forward(q, k, v, o, lse, True, 0.2, version=fv)
+    kernels.launch_backward(q, k, v, o, lse, do, *[torch.empty_like(t) for t in (q, k, v)], True, 0.2, version=bv)
+    assert len(seen) >= 3
+    for kern, a, full in seen:
+        params = list(inspect.signature(kern.fn).parameters.values())
+        const = [p.annotation is tl.constexpr for p in params]
+        assert len(params) == len(kern.arg_names) and not any(const[:len(a)]) and all(const[len(a):]), kern
+        assert all(p.name in full or p.default is not p.empty for p in params[len(a):]), kern
+
+
 # ------------------------------------------------------------------------------------------------ GPU only
 
 def _fresh_calls():
