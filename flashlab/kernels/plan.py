@@ -226,6 +226,11 @@ class Plan:
     tma_reduce: bool              # backward v3 / v4 add dQ through TMA (Hopper) instead of pointer atomics
     spread: bool                  # backward v3 / v4 start each program's Q tiles at its own tile
 
+    def __post_init__(self):
+        # the constexprs every launch of this plan sets besides its tiles (made once: launchers only read them)
+        self.constexprs = dict(CAUSAL=self.causal, HEAD_DIM=self.D, DOT_PRECISION=self.dot_precision)
+        self.one_pass_constexprs = dict(self.constexprs, TMA_REDUCE=self.tma_reduce, SPREAD=self.spread)
+
     def step(self, name: str) -> Step:
         return next(s for s in self.forward + self.backward if s.kind == name or s.kernel == name)
 
