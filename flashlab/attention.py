@@ -143,6 +143,7 @@ class _Call:
         return c
 
 
+MAX_CALLS = 4096   # kinds of call kept ready (each holds a plan and its runners: a few kB)
 _FWD: dict = {}   # exact key (shapes, strides, dtypes, devices, flags, alignment) -> forward _Call
 _BWD: dict = {}   # the same for _backward called on its own (torch.ops.flashlab.attention_backward)
 
@@ -159,6 +160,8 @@ def _fwd_call(q, k, v, causal: bool, allow_tf32: bool) -> _Call:
     c = _FWD.get(key)
     if c is None:
         check_inputs(q, k, v)
+        if len(_FWD) >= MAX_CALLS:   # many shapes (ragged lengths): start over rather than grow without bound
+            _FWD.clear()
         c = _FWD[key] = _Call(q, k, v, causal, allow_tf32, False)
     return c
 
@@ -175,6 +178,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, allow_tf32: bool)
            tuple(t.data_ptr() & 15 for t in (q, k, v, o, do, lse)))
     c = _BWD.get(key)
     if c is None:
+        if len(_BWD) >= MAX_CALLS:
+            _BWD.clear()
         c = _BWD[key] = _Call(q, k, v, causal, allow_tf32, True, (do,))
     return c.backward(q, k, v, o, lse, do, scale)
 
@@ -265,7 +270,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None,
         allow_tf32: let fp32 inputs use TF32 tensor cores (faster, ~1e-3 relative error).
 
     Returns:
-        o (B, H, Nq, D) in the dtype of q, or (o, lse).  ``o`` is differentiable
+        o (B, H, Nq, D) in the dtype of q (under ``torch.autocast``: the autocast dtype), or (o, lse).  ``o`` is differentiable
         with respect to q, k and v; lse is not.
 
     Does not do: dropout, attention bias or arbitrary masks, GQA (k/v with fewer heads).

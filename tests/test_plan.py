@@ -230,6 +230,23 @@ def test_runner_arguments_are_every_parameter_in_order(rng, monkeypatch, fv, bv)
         assert all(p.name in full or p.default is not p.empty for p in params[len(a):]), kern
 
 
+def test_call_cache_is_bounded(rng, monkeypatch):
+    """Ragged lengths make a kind of call per length: the cache starts over at MAX_CALLS instead of growing,
+    and a call whose cache entry was dropped still differentiates."""
+    from flashlab import attention
+    monkeypatch.setattr(attention, "MAX_CALLS", 2)
+    attention._FWD.clear()
+    q = torch.randn(1, 1, 20, 16, device=DEV, requires_grad=True)
+    o = flash_attention(q, q, q, True)
+    for n in (21, 22, 23):
+        flash_attention(*(torch.randn(1, 1, n, 16, device=DEV),) * 3)
+        assert len(attention._FWD) <= 2
+    o.sum().backward()                          # its call was dropped from the cache, not from the graph
+    qd = q.detach().double().requires_grad_()
+    torch.nn.functional.scaled_dot_product_attention(qd, qd, qd, is_causal=True).sum().backward()
+    assert (q.grad.double() - qd.grad).abs().max() < 1e-4
+
+
 # ------------------------------------------------------------------------------------------------ GPU only
 
 def _fresh_calls():

@@ -100,6 +100,8 @@ def _runners(p, tensors) -> dict:
     key = (p, tuple((t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors))
     r = _RUNNERS.get(key)
     if r is None:
+        if len(_RUNNERS) >= 4096:
+            _RUNNERS.clear()
         r = _RUNNERS[key] = {}
     return r
 

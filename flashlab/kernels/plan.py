@@ -388,6 +388,8 @@ def plan(B: int, H: int, Nq: int, Nk: int | None, D: int, dtype: torch.dtype = t
            backward_version, forward_config, backward_config, facts, tiles.AUTOTUNE)
     p = _PLANS.get(key)
     if p is None:
+        if len(_PLANS) >= 4096:      # many shapes: start over rather than grow without bound
+            _PLANS.clear()
         p = _PLANS[key] = _make(*key[:-1])
     return p
 
