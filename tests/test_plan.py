@@ -114,10 +114,17 @@ def test_variants_are_the_extension_point(monkeypatch):
         SUPPORTS = frozenset({"gqa", "window"})
         config_lists = staticmethod(lambda D, dt, limit, cc: {"fwd": ([C(64, 64)], []), "bwd": ([C(64, 64)], []),
                                                               "dkdv": ([C(64, 64)], []), "dq": ([C(64, 64)], [])})
+        launched = []
+        launch = staticmethod(lambda plan, *tensors, **variant_args: V9.launched.append((plan, variant_args)))
     monkeypatch.setitem(P.FORWARD, "v9", V9)
     monkeypatch.setitem(P.BACKWARD, "v9", V9)
     p = P.plan(1, 8, 256, 256, 64, fp16, False, variant=gqa, facts=P.H200)
     assert (p.fwd_version, p.bwd_version) == ("v9", "v9") and "gqa" in str(p)
+    q = torch.zeros(1, 8, 40, 32, device=DEV, dtype=fp16)
+    kv = torch.zeros(1, 2, 40, 32, device=DEV, dtype=fp16)        # 2 K/V heads for 8 query heads
+    kernels.launch_forward(q, kv, kv, q.clone(), q[..., 0].float(), False, 0.2, variant=gqa, window_seed=7)
+    (got, args), = V9.launched
+    assert got.fwd_version == "v9" and got.variant == gqa and args == {"window_seed": 7}
 
 
 def test_autotuned_step_says_what_it_picked():
