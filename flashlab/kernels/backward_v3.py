@@ -47,10 +47,9 @@ Memory: the float32 buffer holds B*H*Nq*D*4 bytes during the backward (twice an 
 still O(N).
 Same contract as v2; strides of the last dim must be 1 and the others 16-byte aligned.
 """
+import torch
 import triton
 import triton.language as tl
-
-import torch
 
 from . import backward, tiles
 from .common import LOG2E, LOG2E_K, head_base, head_desc, program_tile

@@ -20,10 +20,9 @@ compiled for sm_90: docs/BENCHMARKS.md ("Descriptors made on the host").
 The interpreter and pre-Hopper GPUs (``TMA_REDUCE=False``) still add dQ through pointers into
 DQ_ACC, the buffer dq_desc describes.
 """
+import torch
 import triton
 import triton.language as tl
-
-import torch
 
 from . import backward, backward_v3, tiles
 from .common import LOG2E, LOG2E_K, head_base, program_tile
