@@ -225,11 +225,9 @@ def autocast_dtype(device_type: str):
 def _autocast(q, k, v):
     """Under torch.autocast, what SDPA does: floating inputs in the autocast dtype (their grads flow back)."""
     dt = autocast_dtype(q.device.type)
-    if dt is None or (q.dtype == k.dtype == v.dtype == dt):
+    if dt is None or (q.dtype == getattr(k, "dtype", None) == getattr(v, "dtype", None) == dt):
         return q, k, v
-    q, k, v = (t.to(dt) if t.dtype in _DTYPES else t for t in (q, k, v))
-    check_inputs(q, k, v)      # bf16 where the GPU has none says so
-    return q, k, v
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.dtype in _DTYPES else t for t in (q, k, v))
 
 
 def _attention(q, k, v, causal, scale, allow_tf32):
@@ -239,9 +237,8 @@ def _attention(q, k, v, causal, scale, allow_tf32):
         check_inputs(q, k, v, scale)   # (autocast: the op's own autocast rule, flashlab/op.py)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         return torch.ops.flashlab.attention_forward(q, k, v, bool(causal), scale, bool(allow_tf32))
-    if _any_autocast():
-        check_inputs(q, k, v, scale)
-        q, k, v = _autocast(q, k, v)
+    if _any_autocast() and isinstance(q, torch.Tensor):
+        q, k, v = _autocast(q, k, v)       # checked below, once per kind, as the tensors the kernels get
     call = _fwd_call(q, k, v, causal is True or bool(causal), allow_tf32 is True or bool(allow_tf32))
     if scale is None:
         scale = 1.0 / math.sqrt(call.d)
