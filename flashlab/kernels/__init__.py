@@ -100,31 +100,38 @@ def _runners(p, tensors) -> dict:
     key = (p, tuple((t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors))
     r = _RUNNERS.get(key)
     if r is None:
+        if len(_RUNNERS) >= 4096:
+            _RUNNERS.clear()
         r = _RUNNERS[key] = {}
     return r
 
 
 def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: bool = False,
-                   config: Config | None = None, version: str | None = None, plan_: Plan | None = None):
+                   config: Config | None = None, version: str | None = None, plan_: Plan | None = None,
+                   variant: plan.Variant = plan.PLAIN, **variant_args):
     """Write O into ``o`` (B, H, Nq, D) and the natural-log LSE into ``lse`` (B, H, Nq) float32.
 
     Every tensor may have any strides (views into larger buffers work).  ``version``: one of
     FORWARD_VERSIONS (default: the plan's).  ``config`` forces one tile config (no autotuning,
     no fallback).  ``plan_``: a plan made already (:func:`flashlab.kernels.plan.plan_for`).
+    ``variant`` (:class:`flashlab.kernels.plan.Variant`) and ``variant_args`` (its tensors and
+    numbers: a mask, a dropout seed, cumulative lengths) go to a version that implements them.
     """
     p = plan_ or plan.plan_for(q, k, v, causal, allow_tf32=allow_tf32, extra=(o,), forward_version=version,
-                               forward_config=config)
-    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, _runners(p, (q, k, v, o, lse)))
+                               forward_config=config, variant=variant)
+    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, _runners(p, (q, k, v, o, lse)), **variant_args)
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *,
-                    allow_tf32: bool = False, config=None, version: str | None = None, plan_: Plan | None = None):
+                    allow_tf32: bool = False, config=None, version: str | None = None, plan_: Plan | None = None,
+                    variant: plan.Variant = plan.PLAIN, **variant_args):
     """Write dQ, dK, dV into ``dq``, ``dk``, ``dv`` (shaped like q, k, v).
 
     ``config``: (dK/dV config, dQ config), or one config for backward v3 / v4, forces the tiles (no
     autotuning, no fallback).  ``version``: one of BACKWARD_VERSIONS (default: the plan's).
+    ``variant``, ``variant_args``: as for :func:`launch_forward`.
     """
     p = plan_ or plan.plan_for(q, k, v, causal, allow_tf32=allow_tf32, extra=(do, dk, dv), backward_version=version,
-                               backward_config=config)
+                               backward_config=config, variant=variant)
     BACKWARD[p.bwd_version].launch(p, q, k, v, o, lse, do, dq, dk, dv, scale,
-                                   _runners(p, (q, k, v, o, lse, do, dq, dk, dv)))
+                                   _runners(p, (q, k, v, o, lse, do, dq, dk, dv)), **variant_args)
