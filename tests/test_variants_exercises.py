@@ -371,3 +371,22 @@ def test_notebook_08_h200_table_is_the_benchmark_record():
             assert (int(fwd), int(bwd)) == rate(others[label.strip()]), (name, label)
     md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert "recorded" in md and "2026-12-01" in md
+
+
+def test_notebook_08_links_resolve_and_prose_matches_the_record():
+    """Every relative link of notebook 08 (lecture and exercises) names a file of the repository, and the
+    dropout cost in the prose is the record's."""
+    for folder in ("notebooks", "solutions", "exercises"):
+        nb = json.loads((ROOT / folder / "08_variants.ipynb").read_text())
+        md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        for target in re.findall(r"\]\(([^)]+)\)", md):
+            if target.startswith(("http://", "https://", "#")):
+                continue
+            assert (ROOT / folder / target.split("#")[0]).resolve().exists(), (folder, target)
+    nb = json.loads((ROOT / "notebooks" / "08_variants.ipynb").read_text())
+    md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    rec = {(r["variant"], r["provider"]): r for r in json.loads((ROOT / "docs" / "bench_h200_variants.json").read_text())}
+    t_drop = rec[("dropout", "flashlab p=0.1")]["fwd_ms"] + rec[("dropout", "flashlab p=0.1")]["bwd_ms"]
+    t_plain = rec[("dropout", "flashlab v4/v5, no dropout")]["fwd_ms"] + rec[("dropout", "flashlab v4/v5, no dropout")]["bwd_ms"]
+    assert f"{t_drop:.2f} ms against {t_plain:.2f} ms" in md and f"{t_plain / t_drop:.2f}× the speed" in md
+    assert f"about {t_drop / t_plain:.1f}×" in md
