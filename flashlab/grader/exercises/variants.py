@@ -9,6 +9,14 @@ Each is the piece of a variant that is easy to get wrong, graded alone:
     (reference: flashlab.variants.varlen_program);
   * dropout_backward: dQ, dK, dV of one (batch, head) with the dropout mask regenerated tile by tile
     from a counter-based function, never stored.
+
+Beyond the values: a call into code that already holds the answer (flashlab.variants, flashlab's references
+and kernels, this module's references; torch's autograd for the backward) is refused; dropout_backward may ask
+keep() for one tile at a time and, on a 1024 x 1024 case, peak below 3/4 of the mask's size in bools (so a
+stored mask, or the tiles of one kept, shows); gqa_head_map's pair must agree with itself.  Each exercise's
+cases include edges that land exactly on a tile boundary, where an off-by-one changes the answer, and the
+named bugs are the slips a learner makes (floor for ceil, an edge one key off, h % G, a search of cu_seqlens,
+a mask drawn with tile-local indices or scaled twice, ...).
 """
 from __future__ import annotations
 
