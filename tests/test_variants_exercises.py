@@ -75,7 +75,17 @@ def _brute(t, bm, bn, nk, left, right):
     return (lo, full[0], full[-1] + bn, hi) if full else (lo, lo, lo, hi)
 
 
-WINDOW_RIGHT = [SOL["window_tile_bounds"], _bounds, _brute, lambda *a: list(_bounds(*a)),
+def _hi_tile_aligned(t, bm, bn, nk, left, right):
+    """hi rounded up to a K tile (capped at nk), the stages clamped to it: the same loop, so right too."""
+    lo, _, _, hi = _bounds(t, bm, bn, nk, left, right)
+    if hi == 0:
+        return 0, 0, 0, 0
+    hi = min(-(-hi // bn) * bn, nk)
+    flo = min(max(-(-max(t * bm + bm - 1 - _b(left), 0) // bn) * bn, lo), hi)
+    return lo, flo, min(max(min(t * bm + _b(right) + 1, nk) // bn * bn, flo), hi), hi
+
+
+WINDOW_RIGHT = [SOL["window_tile_bounds"], _bounds, _brute, _hi_tile_aligned, lambda *a: list(_bounds(*a)),
                 lambda *a: tuple(np.int64(x) for x in _bounds(*a))]
 
 WINDOW_WRONG = [
@@ -136,7 +146,13 @@ def _gqa(kv, grp):
 _KV = lambda h, H, Hk: h // (H // Hk)              # noqa: E731
 _GRP = lambda hk, i, H, Hk: hk * (H // Hk) + i      # noqa: E731
 
-GQA_RIGHT = [SOL["gqa_head_map"], _gqa(_KV, _GRP),
+def _gqa_torch(H, Hk):
+    import torch
+    kv = torch.arange(Hk).repeat_interleave(H // Hk)          # as K/V would be repeated for SDPA
+    return kv.tolist(), [torch.nonzero(kv == hk).flatten().tolist() for hk in range(Hk)]
+
+
+GQA_RIGHT = [SOL["gqa_head_map"], _gqa(_KV, _GRP), _gqa_torch,
              lambda H, Hk: (np.arange(H) // (H // Hk), np.arange(H).reshape(Hk, H // Hk)),
              lambda H, Hk: (tuple(h * Hk // H for h in range(H)),
                             tuple(tuple(range(hk * H // Hk, (hk + 1) * H // Hk)) for hk in range(Hk)))]
@@ -179,7 +195,14 @@ def _vl(pid, cu, mx, bm, H, n_tiles=None, order="tile-head-seq", row0="packed", 
     return b, h, r, n
 
 
-VARLEN_RIGHT = [SOL["varlen_program_map"], _vl,
+def _vl_divmod(pid, cu, mx, bm, H):
+    bh, tile = divmod(pid, (mx + bm - 1) // bm)
+    seq, head = divmod(bh, H)
+    r0 = cu[seq] + tile * bm
+    return seq, head, r0, int(np.clip(cu[seq + 1] - r0, 0, bm))
+
+
+VARLEN_RIGHT = [SOL["varlen_program_map"], _vl, _vl_divmod,
                 lambda pid, cu, mx, bm, H: (lambda s, h, r, n: (s, h, r if n else -1, n))(*_vl(pid, cu, mx, bm, H)),
                 lambda pid, cu, mx, bm, H: tuple(np.int32(x) for x in _vl(pid, np.asarray(cu).tolist(), mx, bm, H))]
 
