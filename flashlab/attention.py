@@ -144,6 +144,7 @@ class _Call:
         return c
 
 
+MAX_CALLS = 4096   # kinds of call kept ready (each holds a plan and its runners: a few kB)
 _FWD: dict = {}   # exact key (shapes, strides, dtypes, devices, flags, alignment) -> forward _Call
 _BWD: dict = {}   # the same for _backward called on its own (torch.ops.flashlab.attention_backward)
 
@@ -160,6 +161,8 @@ def _fwd_call(q, k, v, causal: bool, allow_tf32: bool) -> _Call:
     c = _FWD.get(key)
     if c is None:
         check_inputs(q, k, v)
+        if len(_FWD) >= MAX_CALLS:   # many shapes (ragged lengths): start over rather than grow without bound
+            _FWD.clear()
         c = _FWD[key] = _Call(q, k, v, causal, allow_tf32, False)
     return c
 
@@ -176,6 +179,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float, allow_tf32: bool)
            tuple(t.data_ptr() & 15 for t in (q, k, v, o, do, lse)))
     c = _BWD.get(key)
     if c is None:
+        if len(_BWD) >= MAX_CALLS:
+            _BWD.clear()
         c = _BWD[key] = _Call(q, k, v, causal, allow_tf32, True, (do,))
     return c.backward(q, k, v, o, lse, do, scale)
 
@@ -221,11 +226,9 @@ def autocast_dtype(device_type: str):
 def _autocast(q, k, v):
     """Under torch.autocast, what SDPA does: floating inputs in the autocast dtype (their grads flow back)."""
     dt = autocast_dtype(q.device.type)
-    if dt is None or (q.dtype == k.dtype == v.dtype == dt):
+    if dt is None or (q.dtype == getattr(k, "dtype", None) == getattr(v, "dtype", None) == dt):
         return q, k, v
-    q, k, v = (t.to(dt) if t.dtype in _DTYPES else t for t in (q, k, v))
-    check_inputs(q, k, v)      # bf16 where the GPU has none says so
-    return q, k, v
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.dtype in _DTYPES else t for t in (q, k, v))
 
 
 def _attention(q, k, v, causal, scale, allow_tf32):
@@ -235,9 +238,8 @@ def _attention(q, k, v, causal, scale, allow_tf32):
         check_inputs(q, k, v, scale)   # (autocast: the op's own autocast rule, flashlab/op.py)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
         return torch.ops.flashlab.attention_forward(q, k, v, bool(causal), scale, bool(allow_tf32))
-    if _any_autocast():
-        check_inputs(q, k, v, scale)
-        q, k, v = _autocast(q, k, v)
+    if _any_autocast() and isinstance(q, torch.Tensor):
+        q, k, v = _autocast(q, k, v)       # checked below, once per kind, as the tensors the kernels get
     call = _fwd_call(q, k, v, causal is True or bool(causal), allow_tf32 is True or bool(allow_tf32))
     if scale is None:
         scale = 1.0 / math.sqrt(call.d)
@@ -281,8 +283,8 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
         allow_tf32: let fp32 inputs use TF32 tensor cores (faster, ~1e-3 relative error).
 
     Returns:
-        o (B, H, Nq, D) in the dtype of query, or (o, lse).  ``o`` is differentiable with
-        respect to query, key and value; lse is not.
+        o (B, H, Nq, D) in the dtype of query (under ``torch.autocast``: the autocast dtype), or
+        (o, lse).  ``o`` is differentiable with respect to query, key and value; lse is not.
 
     A Python bool in ``attn_mask``'s place is read as the course's first positional order,
     ``flash_attention(q, k, v, causal, scale, return_lse)`` (masks are tensors, so it is unambiguous).

@@ -176,6 +176,23 @@ def test_checks_are_cached_per_kind_of_input_only(rng):
             flash_attention(*args)
 
 
+def test_bad_inputs_under_autocast_raise_clear_errors():
+    """Under autocast the inputs are cast first (a mix of fp16 and fp32 becomes one dtype, as for SDPA);
+    everything else is still refused with the same message."""
+    q = torch.randn(1, 2, 8, 16, device=DEV)
+    with torch.autocast(DEV.type, dtype=torch.bfloat16):
+        for make, exc, words in BAD:
+            try:
+                args = make(q)
+            except TypeError:
+                args = make(q.cpu())
+            if words == "one dtype":
+                assert flash_attention(*args).dtype == torch.bfloat16
+                continue
+            with pytest.raises(exc, match=words):
+                flash_attention(*args)
+
+
 def _autocast_case(rng, compiled):
     q, k, v = (_rand((1, 2, 40, 32), torch.float32).requires_grad_() for _ in range(3))
     f = lambda q, k, v: flash_attention(q, k, v, causal=True)  # noqa: E731

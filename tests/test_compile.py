@@ -32,6 +32,19 @@ def test_opcheck_forward(rng, causal, dtype):
     torch.library.opcheck(torch.ops.flashlab.attention_forward.default, (q, k, v, causal, 0.3, False))
 
 
+def test_custom_op_follows_autocast(rng):
+    """The forward op has an autocast rule (as SDPA): fp32 inputs under autocast run in, and return, its dtype."""
+    q, k, v = (_rand(1, 2, 19, 32) for _ in range(3))
+    with torch.autocast(DEV.type, dtype=torch.bfloat16):
+        o, lse = torch.ops.flashlab.attention_forward(q, k, v, True, 0.25, False)
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.to(torch.bfloat16).double() for t in (q, k, v)),
+                                                         is_causal=True, scale=0.25)
+    assert (o.double() - ref).abs().max() < 2e-2
+    o32, _ = torch.ops.flashlab.attention_forward(q, k, v, True, 0.25, False)    # outside autocast: fp32 again
+    assert o32.dtype == torch.float32
+
+
 def test_opcheck_backward(rng):
     q, k, v = (_rand(1, 2, 21, 16) for _ in range(3))
     o, lse = torch.ops.flashlab.attention_forward(q, k, v, True, 0.25, False)

@@ -59,3 +59,14 @@ def test_no_n_squared_memory():
     s_bytes = H * N * N * 2
     inputs = 3 * H * N * D * 2
     assert peak < 2 * inputs, f"peak {peak / 2**20:.1f} MiB over inputs; S would be {s_bytes / 2**30:.1f} GiB"
+
+
+@pytest.mark.autotune
+def test_overhead_benchmark_rows():
+    """bench.overhead: every provider checked and timed beside SDPA, per call and on the GPU."""
+    rows = bench.overhead(calls=50, repeats=2, dtypes=(torch.float16,))
+    assert [(r.provider, r.mode) for r in rows] == [("sdpa", "fwd"), ("flashlab", "fwd"), ("sdpa", "fwd+bwd"),
+                                                    ("flashlab", "fwd+bwd")]
+    assert all(r.status == "ok" and r.us_per_call > 0 and r.gpu_us > 0 for r in rows), bench.format_overhead(rows)
+    assert rows[0].ratio == 1.0 and rows[1].ratio > 0
+    assert "x SDPA" in bench.format_overhead(rows)

@@ -114,10 +114,17 @@ def test_variants_are_the_extension_point(monkeypatch):
         SUPPORTS = frozenset({"gqa", "window"})
         config_lists = staticmethod(lambda D, dt, limit, cc: {"fwd": ([C(64, 64)], []), "bwd": ([C(64, 64)], []),
                                                               "dkdv": ([C(64, 64)], []), "dq": ([C(64, 64)], [])})
+        launched = []
+        launch = staticmethod(lambda plan, *tensors, **variant_args: V9.launched.append((plan, variant_args)))
     monkeypatch.setitem(P.FORWARD, "v9", V9)
     monkeypatch.setitem(P.BACKWARD, "v9", V9)
     p = P.plan(1, 8, 256, 256, 64, fp16, False, variant=gqa, facts=P.H200)
     assert (p.fwd_version, p.bwd_version) == ("v9", "v9") and "gqa" in str(p)
+    q = torch.zeros(1, 8, 40, 32, device=DEV, dtype=fp16)
+    kv = torch.zeros(1, 2, 40, 32, device=DEV, dtype=fp16)        # 2 K/V heads for 8 query heads
+    kernels.launch_forward(q, kv, kv, q.clone(), q[..., 0].float(), False, 0.2, variant=gqa, window_seed=7)
+    (got, args), = V9.launched
+    assert got.fwd_version == "v9" and got.variant == gqa and args == {"window_seed": 7}
 
 
 def test_autotuned_step_says_what_it_picked():
@@ -199,6 +206,52 @@ def test_forced_versions_and_tiles_run_as_planned(rng, spy, fv, bv):
     assert (o.double() - ref).abs().max() < 2e-3
     for got, want in zip(g, (qq.grad, kk.grad, vv.grad)):
         assert (got.double() - want).abs().max() < 2e-2
+
+
+@pytest.mark.parametrize("fv,bv", [("v1", "v1"), ("v2", "v2"), ("v3", "v3"), ("v3", "v4")])
+def test_runner_arguments_are_every_parameter_in_order(rng, monkeypatch, fv, bv):
+    """What a compiled kernel's runner is given after the first launch (tiles._Runner): the launcher's
+    positional arguments are exactly the kernel's non-constexpr parameters, in order, and every constexpr
+    after them is set by the launch or has a default, so the runner gets every parameter, as
+    JITFunction.run passes them (triton >= 3.3)."""
+    import inspect
+
+    import triton.language as tl
+    seen = []
+    real = tiles._launch
+
+    def launch(kern, args, consts, cfg, grid_of, *a):
+        seen.append((kern, args(cfg) if callable(args) else args, dict(consts, BLOCK_M=cfg.block_m,
+                                                                       BLOCK_N=cfg.block_n)))
+        return real(kern, args, consts, cfg, grid_of, *a)
+    monkeypatch.setattr(tiles, "_launch", launch)
+    q, k, v, do = (torch.randn(1, 2, 40, 32, device=DEV, dtype=fp16) for _ in range(4))
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:3], device=DEV)
+    kernels.launch_forward(q, k, v, o, lse, True, 0.2, version=fv)
+    kernels.launch_backward(q, k, v, o, lse, do, *[torch.empty_like(t) for t in (q, k, v)], True, 0.2, version=bv)
+    assert len(seen) >= 3
+    for kern, a, full in seen:
+        params = list(inspect.signature(kern.fn).parameters.values())
+        const = [p.annotation is tl.constexpr for p in params]
+        assert len(params) == len(kern.arg_names) and not any(const[:len(a)]) and all(const[len(a):]), kern
+        assert all(p.name in full or p.default is not p.empty for p in params[len(a):]), kern
+
+
+def test_call_cache_is_bounded(rng, monkeypatch):
+    """Ragged lengths make a kind of call per length: the cache starts over at MAX_CALLS instead of growing,
+    and a call whose cache entry was dropped still differentiates."""
+    from flashlab import attention
+    monkeypatch.setattr(attention, "MAX_CALLS", 2)
+    attention._FWD.clear()
+    q = torch.randn(1, 1, 20, 16, device=DEV, requires_grad=True)
+    o = flash_attention(q, q, q, True)
+    for n in (21, 22, 23):
+        flash_attention(*(torch.randn(1, 1, n, 16, device=DEV),) * 3)
+        assert len(attention._FWD) <= 2
+    o.sum().backward()                          # its call was dropped from the cache, not from the graph
+    qd = q.detach().double().requires_grad_()
+    torch.nn.functional.scaled_dot_product_attention(qd, qd, qd, is_causal=True).sum().backward()
+    assert (q.grad.double() - qd.grad).abs().max() < 1e-4
 
 
 # ------------------------------------------------------------------------------------------------ GPU only

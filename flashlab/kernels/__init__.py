@@ -6,10 +6,17 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
     forward    v1 forward.py      readable FA2: masks on every tile, hand-picked tiles
                v2 forward_v2.py   unmasked full tiles, FMA exponent, longest causal tiles first; autotuned
                v3 forward_v3.py   v2 through tensor descriptors (TMA on Hopper); autotuned
+               v4 forward_v4.py   v2 with the variants as constexpr branches (GQA, windows, soft-cap, ALiBi,
+                                  masks, dropout, packed sequences); hand-picked tiles; flashlab.variants runs it
     backward   v1 backward.py     three kernels (Delta, dK/dV, dQ), masks on every tile
                v2 backward_v2.py  diagonal / off-diagonal split, base-2 LSE inside; autotuned
                v3 backward_v3.py  one pass: five products per tile pair, dQ added in bulk (TMA reduce); autotuned
                v4 backward_v4.py  v3 with its descriptors made on the host, not in every program; autotuned
+               v5 backward_v5.py  v2 with the variants' branches; GQA's dK/dV summed over the group in one program
+                                  (no atomics); dropout's mask regenerated; flashlab.variants runs it
+
+Forward v4 and backward v5 are launched by :mod:`flashlab.variants` through their own launchers, not yet
+through the plan (the plan's ``Variant`` key and each module's ``SUPPORTS`` are the place they go).
 
 Which version, tiles and grid run for a call is the launch plan's choice (:mod:`.plan`:
 ``python -m flashlab plan --shape B,H,N,D`` prints it); :mod:`.tiles` has the shared-memory
@@ -100,31 +107,38 @@ def _runners(p, tensors) -> dict:
     key = (p, tuple((t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors))
     r = _RUNNERS.get(key)
     if r is None:
+        if len(_RUNNERS) >= 4096:
+            _RUNNERS.clear()
         r = _RUNNERS[key] = {}
     return r
 
 
 def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: bool = False,
-                   config: Config | None = None, version: str | None = None, plan_: Plan | None = None):
+                   config: Config | None = None, version: str | None = None, plan_: Plan | None = None,
+                   variant: plan.Variant = plan.PLAIN, **variant_args):
     """Write O into ``o`` (B, H, Nq, D) and the natural-log LSE into ``lse`` (B, H, Nq) float32.
 
     Every tensor may have any strides (views into larger buffers work).  ``version``: one of
     FORWARD_VERSIONS (default: the plan's).  ``config`` forces one tile config (no autotuning,
     no fallback).  ``plan_``: a plan made already (:func:`flashlab.kernels.plan.plan_for`).
+    ``variant`` (:class:`flashlab.kernels.plan.Variant`) and ``variant_args`` (its tensors and
+    numbers: a mask, a dropout seed, cumulative lengths) go to a version that implements them.
     """
     p = plan_ or plan.plan_for(q, k, v, causal, allow_tf32=allow_tf32, extra=(o,), forward_version=version,
-                               forward_config=config)
-    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, _runners(p, (q, k, v, o, lse)))
+                               forward_config=config, variant=variant)
+    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, _runners(p, (q, k, v, o, lse)), **variant_args)
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *,
-                    allow_tf32: bool = False, config=None, version: str | None = None, plan_: Plan | None = None):
+                    allow_tf32: bool = False, config=None, version: str | None = None, plan_: Plan | None = None,
+                    variant: plan.Variant = plan.PLAIN, **variant_args):
     """Write dQ, dK, dV into ``dq``, ``dk``, ``dv`` (shaped like q, k, v).
 
     ``config``: (dK/dV config, dQ config), or one config for backward v3 / v4, forces the tiles (no
     autotuning, no fallback).  ``version``: one of BACKWARD_VERSIONS (default: the plan's).
+    ``variant``, ``variant_args``: as for :func:`launch_forward`.
     """
     p = plan_ or plan.plan_for(q, k, v, causal, allow_tf32=allow_tf32, extra=(do, dk, dv), backward_version=version,
-                               backward_config=config)
+                               backward_config=config, variant=variant)
     BACKWARD[p.bwd_version].launch(p, q, k, v, o, lse, do, dq, dk, dv, scale,
-                                   _runners(p, (q, k, v, o, lse, do, dq, dk, dv)))
+                                   _runners(p, (q, k, v, o, lse, do, dq, dk, dv)), **variant_args)

@@ -215,7 +215,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     delta = preprocess(plan, o, do, runners)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     tail = (*lse.stride(), plan.H, plan.Nq, plan.Nk, scale)
-    kw = dict(CAUSAL=plan.causal, HEAD_DIM=plan.D, DOT_PRECISION=plan.dot_precision)
+    kw = plan.constexprs
     s_kv, s_q = plan.backward[1], plan.backward[2]
     tiles.run(s_kv, flash_bwd_dkdv_kernel, (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(), *tail),
               kw, s_kv.grid_for, runners, "dkdv")

@@ -24,8 +24,9 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
    if every one walked the Q tiles from the first, all would add into the same dQ rows at
    the same moment and queue at the same L2 lines.  With SPREAD each program starts its full
    tiles at a different Q tile (its own K tile index, modulo the count) and wraps around.
-   Measured on an H200: +1-5 % at D = 128, -0-3 % at D = 64 (there the programs reading the
-   same Q tile together share it in L2), so the launcher spreads only above D = 64.
+   Prediction: fewer adds queued at the same L2 lines; where programs reading the same Q tile
+   together share it in L2 (D = 64) it may cost.  The plan spreads only above D = 64, as
+   measured (docs/BENCHMARKS.md).
 4. **Loads through tensor descriptors** for Q, K, V and dO, as in forward v3: rows past the
    end come back as zeros, so v2's masked copy of the loop for the ragged last Q tile is gone.
    Keys past Nk are zeros too, but their scores (0) would still give P = e^(-L_i), which
@@ -38,7 +39,7 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
    stored (NaN still propagates: ``propagate_nan``).  (A copy of the loop that masked j >= Nk
    did the same, but the compiler gave it pipeline buffers of its own: 89 -> 146 KiB of shared
    memory at D = 64, one program per SM instead of two, and 210 -> 322 KiB at D = 128, more
-   than an SM has, so autotuning fell back to smaller tiles; 16-52 % slower on the H200.)
+   than an SM has, so autotuning fell back to smaller tiles: slower, docs/BENCHMARKS.md.)
 
 Like the teaching kernel, dQ's last bits now depend on the order the adds arrive in, which
 changes from run to run on a GPU (float addition is not associative); dK and dV do not.
@@ -46,10 +47,9 @@ Memory: the float32 buffer holds B*H*Nq*D*4 bytes during the backward (twice an 
 still O(N).
 Same contract as v2; strides of the last dim must be 1 and the others 16-byte aligned.
 """
+import torch
 import triton
 import triton.language as tl
-
-import torch
 
 from . import backward, tiles
 from .common import LOG2E, LOG2E_K, head_base, head_desc, program_tile
@@ -179,9 +179,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
             *dk.stride(), *dv.stride(), *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, plan.n_key)
     step = plan.backward[1]
-    tiles.run(step, flash_bwd_kernel_v3, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D,
-                                                    DOT_PRECISION=plan.dot_precision, TMA_REDUCE=plan.tma_reduce,
-                                                    SPREAD=plan.spread),
+    tiles.run(step, flash_bwd_kernel_v3, args, plan.one_pass_constexprs,
               step.grid_for, runners, "bwd",
               lambda: tiles.tuned("bwdv3", flash_bwd_kernel_v3, "bwd", autotune_configs(plan.D), plan.D, plan.dtype))
     dq.copy_(dq_acc.mul_(scale))

@@ -14,18 +14,15 @@ The TMA unit checks each coordinate against its own bound, so rows past N still 
 and stores there are still dropped; the loop is v3's.
 
 Prediction: a few per cent, most where programs are short (N = 4096) -- the same change in the
-forward measured -2 to +4 %.  Measured on an H200 (fp16, autotuned, one run of
-scripts/gpu_versions.py): +1 to +9 % over v3 at D = 64 and +4 to +14 % at D = 128, more than in
-the forward.  Compiled for sm_90 with triton 3.6 (64 x 64 tiles, 4 warps): 201 registers and 3191
-SASS lines against v3's 212 and 4583, shared memory unchanged (89 KiB).
+forward measured -2 to +4 %.  What it measured, and its registers and SASS lines against v3's as
+compiled for sm_90: docs/BENCHMARKS.md ("Descriptors made on the host").
 
 The interpreter and pre-Hopper GPUs (``TMA_REDUCE=False``) still add dQ through pointers into
 DQ_ACC, the buffer dq_desc describes.
 """
+import torch
 import triton
 import triton.language as tl
-
-import torch
 
 from . import backward, backward_v3, tiles
 from .common import LOG2E, LOG2E_K, head_base, program_tile
@@ -152,9 +149,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
                 host_desc(dk, bn), host_desc(dv, bn), host_desc(dq_acc, bm), dq_acc, *tail)
 
     step = plan.backward[1]
-    tiles.run(step, flash_bwd_kernel_v4, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D,
-                                                    DOT_PRECISION=plan.dot_precision, TMA_REDUCE=plan.tma_reduce,
-                                                    SPREAD=plan.spread),
+    tiles.run(step, flash_bwd_kernel_v4, args, plan.one_pass_constexprs,
               step.grid_for, runners, "bwd",
               lambda: tiles.tuned("bwdv4", flash_bwd_kernel_v4, "bwd", backward_v3.autotune_configs(plan.D), plan.D,
                                   plan.dtype, pre_hook=desc_blocks))

@@ -150,5 +150,5 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
     step = plan.forward[0]
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
             plan.H, plan.Nq, plan.Nk, scale * LOG2E)
-    tiles.run(step, flash_fwd_kernel, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D, DOT_PRECISION=plan.dot_precision),
+    tiles.run(step, flash_fwd_kernel, args, plan.constexprs,
               step.grid_for, runners, "fwd")

@@ -114,8 +114,7 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
     step = plan.forward[0]
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
             plan.H, plan.Nq, plan.Nk, scale * LOG2E, plan.n_key)
-    tiles.run(step, flash_fwd_kernel_v3, args, dict(CAUSAL=plan.causal, HEAD_DIM=plan.D,
-                                                    DOT_PRECISION=plan.dot_precision),
+    tiles.run(step, flash_fwd_kernel_v3, args, plan.constexprs,
               step.grid_for, runners, "fwd",
               lambda: tiles.tuned("fwdv3", flash_fwd_kernel_v3, "fwd", forward_v2.AUTOTUNE_CONFIGS, plan.D,
                                   plan.dtype))

@@ -226,6 +226,11 @@ class Plan:
     tma_reduce: bool              # backward v3 / v4 add dQ through TMA (Hopper) instead of pointer atomics
     spread: bool                  # backward v3 / v4 start each program's Q tiles at its own tile
 
+    def __post_init__(self):
+        # the constexprs every launch of this plan sets besides its tiles (made once: launchers only read them)
+        self.constexprs = dict(CAUSAL=self.causal, HEAD_DIM=self.D, DOT_PRECISION=self.dot_precision)
+        self.one_pass_constexprs = dict(self.constexprs, TMA_REDUCE=self.tma_reduce, SPREAD=self.spread)
+
     def step(self, name: str) -> Step:
         return next(s for s in self.forward + self.backward if s.kind == name or s.kernel == name)
 
@@ -383,6 +388,8 @@ def plan(B: int, H: int, Nq: int, Nk: int | None, D: int, dtype: torch.dtype = t
            backward_version, forward_config, backward_config, facts, tiles.AUTOTUNE)
     p = _PLANS.get(key)
     if p is None:
+        if len(_PLANS) >= 4096:      # many shapes: start over rather than grow without bound
+            _PLANS.clear()
         p = _PLANS[key] = _make(*key[:-1])
     return p
 

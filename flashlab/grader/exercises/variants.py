@@ -9,6 +9,14 @@ Each is the piece of a variant that is easy to get wrong, graded alone:
     (reference: flashlab.variants.varlen_program);
   * dropout_backward: dQ, dK, dV of one (batch, head) with the dropout mask regenerated tile by tile
     from a counter-based function, never stored.
+
+Beyond the values: a call into code that already holds the answer (flashlab.variants, flashlab's references
+and kernels, this module's references; torch's autograd for the backward) is refused; dropout_backward may ask
+keep() for one tile at a time and, on a 1024 x 1024 case, peak below 3/4 of the mask's size in bools (so a
+stored mask, or the tiles of one kept, shows); gqa_head_map's pair must agree with itself.  Each exercise's
+cases include edges that land exactly on a tile boundary, where an off-by-one changes the answer, and the
+named bugs are the slips a learner makes (floor for ceil, an edge one key off, h % G, a search of cu_seqlens,
+a mask drawn with tile-local indices or scaled twice, ...).
 """
 from __future__ import annotations
 
@@ -16,7 +24,12 @@ import math
 
 import numpy as np
 
+import os
+import sys
+from contextlib import contextmanager
+
 from ...variants import band_tile_ranges, varlen_program
+from .. import requirements as Rq
 from ..core import Bug, Case, Exercise
 from . import register
 
@@ -28,26 +41,97 @@ def _exact(case, name, ref):
 
 
 # ----------------------------------------------------------------------------
+# library code handed in: flashlab's own versions of these answers, the grader's references
+# ----------------------------------------------------------------------------
+
+_HERE = os.path.abspath(__file__)
+_ALLOWED_HERE = {"keep", "watched", "_watch"}   # the mask function handed to dropout_backward; the watcher
+
+
+def _is_autograd(code) -> bool:
+    fn = code.co_filename.replace(os.sep, "/")
+    return ((fn.endswith("/torch/_tensor.py") and code.co_name == "backward")
+            or ("/torch/autograd/" in fn and code.co_name in ("backward", "grad", "vjp", "jacobian")))
+
+
+@contextmanager
+def _watch(found: list, autograd: bool = False):
+    """Append to ``found`` the first call into code that already holds the answer: flashlab.variants (its
+    band_tile_ranges, varlen_program, dropout_mask), flashlab's references and kernels, this grader's own
+    references (and, for a backward, torch's autograd)."""
+    files = Rq._forbidden_files()
+    root = Rq._flashlab_dir()
+    lib = {os.path.join(root, "variants.py"): "flashlab.variants", os.path.join(root, "op.py"): "flashlab.op"}
+    kernels = os.path.join(root, "kernels") + os.sep
+    builtins = Rq._forbidden_builtins()
+
+    def hook(frame, event, arg):
+        if found:
+            return
+        if event == "call":
+            code = frame.f_code
+            fn = code.co_filename
+            if fn in files and code.co_name not in Rq._ALLOWED_REFERENCE:
+                found.append(f"{files[fn]}.{code.co_name}")
+            elif fn in lib:
+                found.append(f"{lib[fn]}.{code.co_name}")
+            elif fn == _HERE and code.co_name not in _ALLOWED_HERE:
+                found.append(f"the grader's own answer ({__name__}.{code.co_name})")
+            elif fn.startswith(kernels):
+                found.append("flashlab's Triton kernels")
+            elif autograd and _is_autograd(code):
+                found.append("torch's autograd (.backward / torch.autograd.grad)")
+        elif event == "c_call" and id(arg) in builtins:
+            found.append(builtins[id(arg)])
+
+    old = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        yield
+    finally:
+        sys.setprofile(old)
+
+
+def _library_message(found: list, what: str) -> list:
+    if not found:
+        return []
+    if found[0].startswith("torch's autograd"):
+        return [f"your code calls {found[0]}: the exercise asks for the {what} written out (dV, dP, dS, dQ, dK "
+                f"as in the equations, tile by tile), not derived by autograd"]
+    return [f"your code calls {found[0]}: the exercise asks for your own {what}, not flashlab's (which is what "
+            f"your answer is compared with)"]
+
+
+# ----------------------------------------------------------------------------
 # window_tile_bounds: f(start_m, block_m, block_n, nk, left, right) -> (lo, full_lo, full_hi, hi)
 # ----------------------------------------------------------------------------
 
 # (nq, nk, block_m, block_n, left, right): windows both sides, causal (right 0), unbounded (-1), a band that
-# misses the keys (nq > nk), a right edge that lands on a tile's first key (right = 1), ragged tiles
+# misses the keys (nq > nk), a right edge that lands on a tile's first key (right = 1), ragged tiles; and edges
+# that land exactly on a tile boundary, where an off-by-one shows: left = block_m - 1 + block_n (full_lo),
+# right = block_n - 1 (full_hi), left = 1 (mod block_n) (lo), the issue's window 1024 as (255, 0) of 128 x 64
 WINDOW_SHAPES = [(256, 256, 64, 32, 40, 0), (300, 300, 64, 64, 100, 0), (200, 180, 32, 64, 17, 5),
                  (128, 128, 32, 32, 0, 1), (250, 100, 64, 32, 0, 4), (150, 150, 64, 16, -1, 7),
                  (150, 140, 16, 64, 9, -1), (100, 100, 32, 32, -1, -1), (77, 301, 32, 64, 130, 130),
-                 (129, 129, 128, 32, 64, 0), (122, 18, 16, 64, 0, 0)]
+                 (129, 129, 128, 32, 64, 0), (122, 18, 16, 64, 0, 0), (256, 256, 64, 32, 95, 0),
+                 (200, 230, 32, 32, 65, 31), (1024, 1024, 128, 64, 255, 0)]
+
+_STAGE = {0: "never loaded", 1: "masked", 2: "unmasked"}
 
 
-def _stage_map(fn, case):
+def _stage_map(fn, case, watch=False):
     """For every (Q tile, K tile): 0 never loaded, 1 masked stage, 2 unmasked stage; plus contract problems."""
     p = case.params
-    nq, nk, bm, bn = p["Nq"], p["Nk"], p["block_q"], p["block_k"]
+    nq, nk, bm, bn = p["nq"], p["nk"], p["block_m"], p["block_n"]
     tq, tk = -(-nq // bm), -(-nk // bn)
     out = np.zeros((tq, tk))
-    problems = []
+    problems, found = [], []
     for t in range(tq):
-        got = fn(t, bm, bn, nk, p["left"], p["right"])
+        if watch:
+            with _watch(found):
+                got = fn(t, bm, bn, nk, p["left"], p["right"])
+        else:
+            got = fn(t, bm, bn, nk, p["left"], p["right"])
         if not (isinstance(got, (tuple, list)) and len(got) == 4):
             return {"_contract": [f"return a 4-tuple (lo, full_lo, full_hi, hi), got {got!r}"]}
         lo, flo, fhi, hi = (int(x) for x in got)
@@ -59,13 +143,21 @@ def _stage_map(fn, case):
             break
         if (lo % bn and lo != hi) or (flo % bn and flo != hi) or (fhi % bn and fhi != hi):
             problems.append(f"Q tile {t}: lo = {lo}, full_lo = {flo}, full_hi = {fhi} must be multiples of block_n "
-                            f"= {bn} (the loops step by whole K tiles from lo)")
+                            f"= {bn} (or equal to hi): they are key offsets where a K tile starts (the loops step "
+                            f"by block_n from lo), not tile numbers")
             break
         for c0 in range(lo, hi, bn):
             out[t, c0 // bn] = 2 if flo <= c0 < fhi else 1
     if problems:
         return {"_contract": problems}
-    return {"stage": out}
+    res = {"stage": out}
+    if watch:
+        res["_violations"] = _library_message(found, "band bounds")
+    return res
+
+
+def _window_run(fn, case):
+    return _stage_map(fn, case, watch=True)
 
 
 def _window_ref(case):
@@ -75,7 +167,7 @@ def _window_ref(case):
 class _WindowCase(Case):
     def describe(self) -> str:
         p = self.params
-        return (f"Nq={p['Nq']}, Nk={p['Nk']}, block_m={p['block_q']}, block_n={p['block_k']}, "
+        return (f"Nq={p['nq']}, Nk={p['nk']}, block_m={p['block_m']}, block_n={p['block_n']}, "
                 f"window=({p['left']}, {p['right']})")
 
 
@@ -83,20 +175,26 @@ def _window_cases(rng):
     Case = _WindowCase  # noqa: N806
     cases = []
     for i, (nq, nk, bm, bn, left, right) in enumerate(WINDOW_SHAPES):
-        cases.append(Case({"Nq": nq, "Nk": nk, "block_q": bm, "block_k": bn, "left": left, "right": right}, {},
+        cases.append(Case({"nq": nq, "nk": nk, "block_m": bm, "block_n": bn, "left": left, "right": right}, {},
                           visible=(i == 0)))
-    nq, nk = (int(x) for x in rng.integers(40, 500, size=2))
-    bm, bn = (int(x) for x in rng.choice([16, 32, 64, 128], size=2))
-    left, right = int(rng.choice([-1, 0, int(rng.integers(1, 200))])), int(rng.choice([-1, 0, int(rng.integers(1, 50))]))
-    cases.append(Case({"Nq": nq, "Nk": nk, "block_q": bm, "block_k": bn, "left": left, "right": right}, {}))
+    for _ in range(2):
+        nq, nk = (int(x) for x in rng.integers(40, 500, size=2))
+        bm, bn = (int(x) for x in rng.choice([16, 32, 64, 128], size=2))
+        left = int(rng.choice([-1, 0, int(rng.integers(1, 200))]))
+        right = int(rng.choice([-1, 0, int(rng.integers(1, 50))]))
+        cases.append(Case({"nq": nq, "nk": nk, "block_m": bm, "block_n": bn, "left": left, "right": right}, {}))
     return cases
 
 
 def _window_locate(case, name, idx):
-    bm, bn = case.params["block_q"], case.params["block_k"]
+    bm, bn = case.params["block_m"], case.params["block_n"]
     t, u = idx[0], idx[1]
-    return (f"Q tile {t} (rows {t * bm} to {(t + 1) * bm - 1}), K tile {u} (keys {u * bn} to {(u + 1) * bn - 1}); "
-            f"stage codes: 0 never loaded, 1 masked, 2 unmasked")
+    want = int(_window_ref(case)["stage"][t, u])
+    why = {0: "no row of the Q tile sees a key of this K tile, so it must not be loaded",
+           1: "some but not all of its (row, key) pairs are visible (or it runs past Nk): it needs the mask",
+           2: "every row of the Q tile sees every key of this K tile: it belongs to the unmasked stage"}[want]
+    return (f"Q tile {t} (rows {t * bm} to {(t + 1) * bm - 1}), K tile {u} (keys {u * bn} to {(u + 1) * bn - 1}) "
+            f"[stage codes: 0 never loaded, 1 masked, 2 unmasked; expected {want} ({_STAGE[want]}): {why}]")
 
 
 def _big(x):
@@ -105,6 +203,24 @@ def _big(x):
 
 def _wbug(fn):
     return lambda case: _stage_map(fn, case)
+
+
+def _bounds(t, bm, bn, nk, left, right, first_off=0, lo_ceil=False, flo_off=0, flo_floor=False, fhi_off=0,
+            fhi_ceil=False):
+    """band_tile_ranges written out, with one mistake switched on (for the named bugs)."""
+    r0, before, after = t * bm, _big(left), _big(right)
+    first = max(r0 - before + first_off, 0)
+    hi = min(r0 + bm + after, nk)
+    if first >= hi:
+        return 0, 0, 0, 0
+    lo = (-(-first // bn) if lo_ceil else first // bn) * bn
+    a = max(r0 + bm - 1 - before + flo_off, 0)
+    flo = (a // bn if flo_floor else -(-a // bn)) * bn
+    b = min(r0 + after + 1 + fhi_off, nk)
+    fhi = (-(-b // bn) if fhi_ceil else b // bn) * bn
+    lo = min(lo, hi)
+    flo = min(max(flo, lo), hi)
+    return lo, flo, min(max(fhi, flo), hi), hi
 
 
 def _no_missing_check(t, bm, bn, nk, left, right):
@@ -117,19 +233,11 @@ def _no_missing_check(t, bm, bn, nk, left, right):
 
 
 def _first_row_for_left(t, bm, bn, nk, left, right):
-    lo, flo, fhi, hi = band_tile_ranges(t * bm, bm, bn, nk, left, right)
-    if hi == 0:
-        return 0, 0, 0, 0
-    flo = min(max(-(-max(t * bm - _big(left), 0) // bn) * bn, lo), hi)
-    return lo, flo, max(fhi, flo), hi
+    return _bounds(t, bm, bn, nk, left, right, flo_off=-(bm - 1))     # full_lo from r0 - left
 
 
 def _last_row_for_right(t, bm, bn, nk, left, right):
-    lo, flo, fhi, hi = band_tile_ranges(t * bm, bm, bn, nk, left, right)
-    if hi == 0:
-        return 0, 0, 0, 0
-    fhi = min(max(min(t * bm + bm - 1 + _big(right) + 1, nk) // bn * bn, flo), hi)
-    return lo, flo, fhi, hi
+    return _bounds(t, bm, bn, nk, left, right, fhi_off=bm - 1)        # full_hi from r0 + block_m - 1 + right
 
 
 def _ragged_unmasked(t, bm, bn, nk, left, right):
@@ -157,6 +265,20 @@ def _unbounded_as_zero(t, bm, bn, nk, left, right):
     return band_tile_ranges(t * bm, bm, bn, nk, max(left, 0), max(right, 0))
 
 
+def _all_unmasked(t, bm, bn, nk, left, right):
+    lo, _, _, hi = band_tile_ranges(t * bm, bm, bn, nk, left, right)
+    return lo, lo, hi, hi
+
+
+def _all_masked(t, bm, bn, nk, left, right):
+    lo, _, _, hi = band_tile_ranges(t * bm, bm, bn, nk, left, right)
+    return lo, lo, lo, hi
+
+
+def _with(**kw):
+    return lambda t, bm, bn, nk, left, right: _bounds(t, bm, bn, nk, left, right, **kw)
+
+
 WINDOW_BUGS = [
     Bug("band_misses_keys", "a band that misses every key still visits a tile",
         "when the first key the tile's first row sees, max(r0 - left, 0), is at or past the end "
@@ -170,13 +292,48 @@ WINDOW_BUGS = [
         "for the right edge the binding row is the tile's FIRST row, r0: a K tile is wholly visible only if "
         "its last key is <= r0 + right, so full_hi = min(r0 + right + 1, nk) rounded down to a K tile.",
         _wbug(_last_row_for_right)),
+    Bug("no_masked_stage", "every visited tile run without the mask",
+        "only K tiles that every row of the Q tile sees entirely may skip the mask; the tiles crossing the band's "
+        "edges (and a ragged last tile) must be masked, or keys outside the window enter the softmax: "
+        "full_lo = ceil((r0 + block_m - 1 - left) / block_n) * block_n, full_hi = floor(min(r0 + right + 1, nk) "
+        "/ block_n) * block_n, both clamped into [lo, hi].", _wbug(_all_unmasked)),
+    Bug("no_unmasked_stage", "every visited tile run with the mask",
+        "this is correct but pays the mask on every tile: the middle stage [full_lo, full_hi) must be the widest "
+        "run of K tiles that every row sees entirely (full_lo = ceil((r0 + block_m - 1 - left) / block_n) * "
+        "block_n, full_hi = floor(min(r0 + right + 1, nk) / block_n) * block_n).", _wbug(_all_masked)),
+    Bug("full_hi_rounded_up", "full_hi rounded UP to a whole K tile",
+        "the unmasked stage may only hold tiles wholly inside the band: round min(r0 + right + 1, nk) DOWN "
+        "(// block_n * block_n); rounding up lets the tile crossing the right edge (or the ragged end) run "
+        "without its mask.", _wbug(_with(fhi_ceil=True))),
+    Bug("full_lo_rounded_down", "full_lo rounded DOWN to a whole K tile",
+        "the unmasked stage starts at the first K tile lying wholly right of the last row's left edge "
+        "r0 + block_m - 1 - left: round UP (ceil) to a tile start; rounding down lets the tile crossing the left "
+        "edge run without its mask.", _wbug(_with(flo_floor=True))),
     Bug("ragged_tile_unmasked", "the ragged last K tile counted as unmasked",
         "a K tile that runs past Nk needs the masked loads: full_hi is at most (nk // block_n) * block_n.",
         _wbug(_ragged_unmasked)),
+    Bug("lo_rounded_up", "lo rounded UP to a whole K tile",
+        "lo is the start of the K tile that HOLDS the first visible key max(r0 - left, 0): round down "
+        "(first // block_n * block_n); rounding up skips the tile where the band begins.",
+        _wbug(_with(lo_ceil=True))),
+    Bug("first_key_off_by_one", "the first visible key one too far right",
+        "row r0 sees keys r0 - left ... r0 + right, both ends INCLUDED: the first key is max(r0 - left, 0), not "
+        "r0 - left + 1. When r0 - left is the last key of a K tile, that tile is never loaded.",
+        _wbug(_with(first_off=1))),
     Bug("hi_off_by_one", "the end one key short",
         "the last row r0 + block_m - 1 sees keys up to r0 + block_m - 1 + right INCLUDED: the exclusive end is "
         "min(r0 + block_m + right, nk). One short, a tile whose first key is that last key is never loaded.",
         _wbug(_hi_off_by_one)),
+    Bug("full_lo_off_by_one", "full_lo one key too far right",
+        "the last row r0 + block_m - 1 sees keys from r0 + block_m - 1 - left on (included): full_lo = "
+        "ceil((r0 + block_m - 1 - left) / block_n) * block_n. From r0 + block_m - left, a tile that every row sees "
+        "runs masked whenever the edge falls on a tile boundary (correct, but the unmasked stage is not the "
+        "widest).", _wbug(_with(flo_off=1))),
+    Bug("full_hi_off_by_one", "full_hi one key too far left",
+        "the first row r0 sees keys up to r0 + right INCLUDED, so the exclusive end of what it sees is "
+        "r0 + right + 1: full_hi = min(r0 + right + 1, nk) // block_n * block_n. Without the + 1, a tile whose last "
+        "key is r0 + right runs masked (correct, but the unmasked stage is not the widest).",
+        _wbug(_with(fhi_off=-1))),
     Bug("unbounded_as_zero", "-1 (unbounded) read as 0",
         "left = -1 or right = -1 means no limit on that side (all keys before / after): use a number larger "
         "than any sequence, not 0.", _wbug(_unbounded_as_zero)),
@@ -199,18 +356,68 @@ def _gqa_cases(rng):
     return [_GqaCase({"H": h, "H_kv": k}, {}, visible=v) for h, k, v in spec]
 
 
-def _gqa_collect(fn, case):
+def _gqa_collect(fn, case, watch=False):
     H, Hk = case.params["H"], case.params["H_kv"]
-    got = fn(H, Hk)
+    found = []
+    if watch:
+        with _watch(found):
+            got = fn(H, Hk)
+    else:
+        got = fn(H, Hk)
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         return {"_contract": [f"return a pair (kv_head, group), got {got!r}"]}
-    kv, grp = np.asarray(got[0], dtype=np.float64), np.asarray(got[1], dtype=np.float64)
+    try:
+        kv, grp = np.asarray(got[0], dtype=np.float64), np.asarray(got[1], dtype=np.float64)
+    except (TypeError, ValueError):
+        return {"_contract": [f"kv_head and group must be lists of ints (group: H_kv lists of equal length), got "
+                              f"{got!r}"]}
     contract = []
     if kv.shape != (H,):
         contract.append(f"kv_head: shape {kv.shape}, expected ({H},): one K/V head per query head")
     if grp.shape != (Hk, H // Hk):
         contract.append(f"group: shape {grp.shape}, expected ({Hk}, {H // Hk}): the query heads of each K/V head")
-    return {"_contract": contract} if contract else {"kv_head": kv, "group": grp}
+    if contract:
+        return {"_contract": contract}
+    out = {"kv_head": kv, "group": grp}
+    if watch:
+        out["_violations"] = _library_message(found, "head mapping") + _gqa_consistency(kv, grp, H, Hk)
+    return out
+
+
+def _gqa_consistency(kv, grp, H, Hk):
+    """What is wrong with the pair as a mapping, said once each (beside the values' comparison)."""
+    G = H // Hk
+    for name, a in (("kv_head", kv), ("group", grp)):
+        bad = np.argwhere(a != np.round(a))
+        if bad.size:
+            i = tuple(int(x) for x in bad[0])
+            return [f"{name}{list(i)} = {a[i]:g} is not a whole number: a head is an index, so use integer "
+                    f"division (h // G), not h / G"]
+    bad = np.argwhere((kv < 0) | (kv >= Hk))
+    if bad.size:
+        h = int(bad[0][0])
+        return [f"kv_head[{h}] = {kv[h]:g} is not a K/V head: there are H_kv = {Hk} (0 ... {Hk - 1})"]
+    bad = np.argwhere((grp < 0) | (grp >= H))
+    if bad.size:
+        i, j = (int(x) for x in bad[0])
+        return [f"group[{i}][{j}] = {grp[i, j]:g} is not a query head: there are H = {H} (0 ... {H - 1})"]
+    for hk in range(Hk):
+        row = [int(x) for x in grp[hk]]
+        if row != sorted(row):
+            return [f"group[{hk}] = {row} is not in increasing order"]
+    for h in range(H):
+        hk = int(kv[h])
+        if h not in {int(x) for x in grp[hk]}:
+            where = [i for i in range(Hk) if h in {int(x) for x in grp[i]}]
+            return [f"kv_head and group disagree: query head {h} reads K/V head {hk} (kv_head[{h}] = {hk}), but "
+                    f"group[{hk}] = {[int(x) for x in grp[hk]]} does not list it"
+                    + (f" (group[{where[0]}] does)" if where else "")
+                    + f": the dK/dV program of K/V head hk sums exactly the G = {G} query heads that read it"]
+    return []
+
+
+def _gqa_run(fn, case):
+    return _gqa_collect(fn, case, watch=True)
 
 
 def _gqa_ref_fn(H, Hk):
@@ -218,16 +425,38 @@ def _gqa_ref_fn(H, Hk):
     return [h // g for h in range(H)], [[hk * g + i for i in range(g)] for hk in range(Hk)]
 
 
+def _kv_only(kv_fn):
+    """A mistake in kv_head alone (whatever the candidate's group): compared on kv_head only."""
+    return lambda c: {"kv_head": np.asarray([kv_fn(h, c.params["H"], c.params["H_kv"])
+                                             for h in range(c.params["H"])], dtype=np.float64)}
+
+
+def _group_only(g_fn):
+    def out(c):
+        H, Hk = c.params["H"], c.params["H_kv"]
+        return {"group": np.asarray([[g_fn(hk, i, H, Hk) for i in range(H // Hk)] for hk in range(Hk)],
+                                    dtype=np.float64)}
+    return out
+
+
 GQA_BUGS = [
     Bug("interleaved", "query head h mapped to K/V head h % H_kv",
         "consecutive query heads share a K/V head (K/V is repeated with repeat_interleave, not repeat): "
         "kv_head = h // (H // H_kv), and K/V head hk serves query heads hk*G ... hk*G + G - 1.",
-        lambda c: _gqa_collect(lambda H, Hk: ([h % Hk for h in range(H)],
-                                              [[hk + i * Hk for i in range(H // Hk)] for hk in range(Hk)]), c)),
+        _kv_only(lambda h, H, Hk: h % Hk)),
+    Bug("modulo_group", "query head h mapped to K/V head h % G",
+        "h % G is h's position INSIDE its group (0 ... G - 1), not the group: the K/V head is the group number, "
+        "kv_head = h // G with G = H // H_kv.", _kv_only(lambda h, H, Hk: h % (H // Hk))),
     Bug("divided_by_kv_heads", "h // H_kv instead of h // G",
-        "divide by the group size G = H // H_kv (query heads per K/V head), not by H_kv.",
-        lambda c: _gqa_collect(lambda H, Hk: ([h // Hk for h in range(H)],
-                                              [[hk * (H // Hk) + i for i in range(H // Hk)] for hk in range(Hk)]), c)),
+        "divide by the group size G = H // H_kv (query heads per K/V head), not by H_kv; and K/V head hk serves "
+        "query heads hk*G ... hk*G + G - 1 (steps of G, not of H_kv).",
+        lambda c: [_kv_only(lambda h, H, Hk: h // Hk)(c), _group_only(lambda hk, i, H, Hk: hk * Hk + i)(c)]),
+    Bug("group_interleaved", "group[hk] listed as hk, hk + H_kv, hk + 2*H_kv, ...",
+        "that is the group of K/V.repeat (heads interleaved); with repeat_interleave the G query heads of K/V head "
+        "hk are consecutive: hk*G, hk*G + 1, ..., hk*G + G - 1.", _group_only(lambda hk, i, H, Hk: hk + i * Hk)),
+    Bug("group_one_based", "the group's query heads counted from 1",
+        "heads are numbered from 0: K/V head hk serves query heads hk*G + i for i = 0 ... G - 1.",
+        _group_only(lambda hk, i, H, Hk: hk * (H // Hk) + i + 1)),
 ]
 
 
@@ -244,21 +473,38 @@ def _varlen_cases(rng):
     return [Case({"cu_seqlens": cu, "block_m": bm, "H": h}, {}, visible=v) for cu, bm, h, v in spec]
 
 
-def _varlen_collect(fn, case):
+def _varlen_collect(fn, case, watch=False):
     p = case.params
     cu, bm, H = list(p["cu_seqlens"]), p["block_m"], p["H"]
     mx = max(max(b - a for a, b in zip(cu[:-1], cu[1:])), 1)
-    n = -(-mx // bm) * (len(cu) - 1) * H
-    rows = []
+    nt = -(-mx // bm)
+    n = nt * (len(cu) - 1) * H
+    rows, found = [], []
     for pid in range(n):
-        got = fn(pid, list(cu), mx, bm, H)
+        try:
+            if watch:
+                with _watch(found):
+                    got = fn(pid, list(cu), mx, bm, H)
+            else:
+                got = fn(pid, list(cu), mx, bm, H)
+        except Exception as e:
+            e.add_note(f"(raised for program pid = {pid} of {n}: the grid has cdiv(max_seqlen = {mx}, block_m = "
+                       f"{bm}) = {nt} tiles per (sequence, head), S = {len(cu) - 1} sequences, H = {H} heads)")
+            raise
         if not (isinstance(got, (tuple, list)) and len(got) == 4):
             return {"_contract": [f"return a 4-tuple (seq, head, row0, rows), got {got!r} for pid {pid}"]}
         rows.append([float(x) for x in got])
     a = np.asarray(rows)
+    ref_rows = np.asarray([r[3] for r in _vref(case)[0]], dtype=np.float64)
     out = {"seq": a[:, 0], "head": a[:, 1], "rows": a[:, 3]}
-    out["row0"] = np.where(a[:, 3] > 0, a[:, 2], 0.0)      # a program that stores nothing may say any row0
+    out["row0"] = np.where(ref_rows > 0, a[:, 2], 0.0)      # a program that stores nothing may say any row0
+    if watch:
+        out["_violations"] = _library_message(found, "program map")
     return out
+
+
+def _varlen_run(fn, case):
+    return _varlen_collect(fn, case, watch=True)
 
 
 def _varlen_describe(case):
@@ -279,6 +525,24 @@ def _vbug(fn):
     return lambda case: _varlen_collect(fn, case)
 
 
+def _vref(case):
+    """The reference as a list of (seq, head, row0, rows), one per program, and max_seqlen."""
+    p = case.params
+    cu, bm, H = list(p["cu_seqlens"]), p["block_m"], p["H"]
+    mx = max(max(b - a for a, b in zip(cu[:-1], cu[1:])), 1)
+    return [varlen_program(pid, cu, mx, bm, H) for pid in range(-(-mx // bm) * (len(cu) - 1) * H)], mx
+
+
+def _vcol(case, name, f):
+    """One output column, f(pid, seq, head, row0, rows, cu, max_seqlen, block_m, H) per program."""
+    ref, mx = _vref(case)
+    p = case.params
+    vals = [f(pid, *r, list(p["cu_seqlens"]), mx, p["block_m"], p["H"]) for pid, r in enumerate(ref)]
+    if name == "row0":
+        vals = [v if r[3] > 0 else 0 for v, r in zip(vals, ref)]
+    return np.asarray(vals, dtype=np.float64)
+
+
 def _tiles_from_total(pid, cu, mx, bm, H):
     n_tiles = -(-cu[-1] // bm)
     tile, bh = pid % n_tiles, pid // n_tiles
@@ -288,30 +552,77 @@ def _tiles_from_total(pid, cu, mx, bm, H):
     return b, h, cu[b] + tile * bm, max(0, min(bm, cu[b + 1] - cu[b] - tile * bm))
 
 
+def _swapped(pid, cu, mx, bm, H):
+    S = len(cu) - 1
+    tile, bh = pid % -(-mx // bm), pid // -(-mx // bm)
+    b, h = bh % S, bh // S
+    return b, h, cu[b] + tile * bm, max(0, min(bm, cu[b + 1] - cu[b] - tile * bm))
+
+
+def _searched(side, off):
+    def seq(pid, b, h, r0, n, cu, mx, bm, H):
+        s = int(np.searchsorted(np.asarray(cu), r0, side=side)) - off
+        return min(max(s, 0), len(cu) - 2)
+    return seq
+
+
 VARLEN_BUGS = [
     Bug("local_row", "row0 counted from the sequence's start, not the packed tensor's",
         "the sequence's rows are cu_seqlens[b] ... cu_seqlens[b + 1] - 1 of the packed tensor: row0 = "
         "cu_seqlens[b] + tile * block_m.",
-        _vbug(lambda pid, cu, mx, bm, H: (lambda b, h, r, n: (b, h, r - cu[b], n))(*varlen_program(pid, cu, mx, bm, H)))),
+        lambda c: {"row0": _vcol(c, "row0", lambda pid, b, h, r0, n, cu, mx, bm, H: r0 - cu[b])}),
+    Bug("padded_row0", "row0 as in a padded (S, max_seqlen) layout",
+        "the packed tensor has no padding: sequence b starts at row cu_seqlens[b], not at b * max_seqlen, so "
+        "row0 = cu_seqlens[b] + tile * block_m.",
+        lambda c: {"row0": _vcol(c, "row0", lambda pid, b, h, r0, n, cu, mx, bm, H: b * mx + r0 - cu[b])}),
     Bug("rows_not_clamped", "rows not clamped to [0, block_m]",
         "a tile past the sequence's end has no rows (0, not a negative number), and a tile inside it has at most "
         "block_m: rows = max(0, min(block_m, length - tile * block_m)).",
-        _vbug(lambda pid, cu, mx, bm, H: (lambda b, h, r, n: (b, h, r, (cu[b + 1] - cu[b]) - (r - cu[b])))(
-            *varlen_program(pid, cu, mx, bm, H)))),
+        lambda c: [{"rows": _vcol(c, "rows", f)} for f in (
+            lambda pid, b, h, r0, n, cu, mx, bm, H: cu[b + 1] - r0,
+            lambda pid, b, h, r0, n, cu, mx, bm, H: min(bm, cu[b + 1] - r0),
+            lambda pid, b, h, r0, n, cu, mx, bm, H: max(0, cu[b + 1] - r0))]),
+    Bug("rows_full_tile", "every tile that starts inside the sequence counted as block_m rows",
+        "the last tile of a sequence is usually partial: rows = min(block_m, length - tile * block_m) (and 0 past "
+        "the end); the kernel masks its loads and stores with it.",
+        lambda c: {"rows": _vcol(c, "rows", lambda pid, b, h, r0, n, cu, mx, bm, H: bm if r0 < cu[b + 1] else 0)}),
+    Bug("rows_one_short", "rows counted to cu_seqlens[b + 1] - 1",
+        "cu_seqlens[b + 1] is one PAST the sequence's last row: the length is cu_seqlens[b + 1] - cu_seqlens[b], "
+        "and rows = max(0, min(block_m, length - tile * block_m)).",
+        lambda c: {"rows": _vcol(c, "rows", lambda pid, b, h, r0, n, cu, mx, bm, H: max(0, min(bm, cu[b + 1] - 1 - r0)))}),
     Bug("head_fastest", "(sequence, head) index fastest instead of the tile",
         "the grid puts the tile index fastest (pid % n_tiles), as program_tile does, so that programs launched "
         "together share a (sequence, head) and its K/V stay in L2.",
         _vbug(lambda pid, cu, mx, bm, H: varlen_program(
             (pid % ((len(cu) - 1) * H)) * -(-mx // bm) + pid // ((len(cu) - 1) * H), cu, mx, bm, H))),
+    Bug("sequence_head_swapped", "sequence and head swapped in the grid order",
+        "after the tile comes the head, then the sequence: with bh = pid // n_tiles, head = bh % H and "
+        "seq = bh // H (not seq = bh % S, head = bh // S).",
+        lambda c: (lambda o: {"seq": o["seq"], "head": o["head"]})(_varlen_collect(_swapped, c))),
     Bug("tiles_from_total", "tiles per sequence counted from the packed length",
         "the grid has cdiv(max_seqlen, block_m) tiles per (sequence, head): the longest sequence's, not the "
         "packed total's.", _vbug(_tiles_from_total)),
+    Bug("sequence_searched", "the sequence found by searching cu_seqlens for the tile's row",
+        "a program's sequence comes from its id, seq = (pid // n_tiles) // H; a search of cu_seqlens for row0 "
+        "(np.searchsorted, bisect) cannot tell an empty sequence (cu_seqlens repeats a value there) and puts a "
+        "tile past a short sequence's end in the next sequence.",
+        lambda c: [{"seq": _vcol(c, "seq", _searched(side, off))} for side, off in (("right", 1), ("left", 1),
+                                                                                    ("left", 0))]),
 ]
 
 
 def _varlen_locate(case, name, idx):
     p = case.params
-    return f"program pid = {idx[0]} (block_m = {p['block_m']}, H = {p['H']})"
+    pid = idx[0]
+    ref, mx = _vref(case)
+    b, h, r0, n = ref[pid]
+    cu = p["cu_seqlens"]
+    nt = -(-mx // p["block_m"])
+    tile = pid % nt
+    return (f"program pid = {pid} (block_m = {p['block_m']}, H = {p['H']}, {nt} tiles per (sequence, head)): "
+            f"it computes tile {tile} of sequence {b}, head {h}; sequence {b} is "
+            + (f"packed rows {cu[b]} ... {cu[b + 1] - 1} (length {cu[b + 1] - cu[b]})" if cu[b + 1] > cu[b]
+               else f"empty (cu_seqlens[{b}] = cu_seqlens[{b + 1}] = {cu[b]})"))
 
 
 # ----------------------------------------------------------------------------
@@ -339,17 +650,23 @@ def keep_function(seed: int, p: float):
     return keep
 
 
+_MEMORY_CASE = (1024, 1024, 8, 0.1, 64, 32)      # large enough that a stored mask shows in the memory peak
+
+
 def _dropout_cases(rng):
     spec = [(32, 32, 16, 0.2, 16, 16, True), (40, 70, 8, 0.3, 16, 8, False), (70, 40, 16, 0.5, 32, 16, False),
-            (37, 37, 16, 0.0, 16, 16, False), (53, 61, 16, 0.1, 8, 32, False), (1, 9, 8, 0.4, 4, 4, False)]
+            (37, 37, 16, 0.0, 16, 16, False), (53, 61, 16, 0.1, 8, 32, False), (1, 9, 8, 0.4, 4, 4, False),
+            _MEMORY_CASE + (False,)]
     cases = []
     for nq, nk, d, p, bq, bk, vis in spec:
         q, k, v = rng.standard_normal((nq, d)), rng.standard_normal((nk, d)), rng.standard_normal((nk, d))
         seed = int(rng.integers(0, 2**31))
         o, lse = _dropout_forward(q, k, v, p, keep_function(seed, p))
         do = rng.standard_normal((nq, d))
-        cases.append(Case({"Nq": nq, "Nk": nk, "D": d, "p": p, "block_q": bq, "block_k": bk, "seed": seed},
-                          {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, vis))
+        params = {"Nq": nq, "Nk": nk, "D": d, "p": p, "block_q": bq, "block_k": bk, "seed": seed}
+        if (nq, nk, d, p, bq, bk) == _MEMORY_CASE:
+            params["check"] = "memory bound"
+        cases.append(Case(params, {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, vis))
     return cases
 
 
@@ -367,21 +684,26 @@ def _dropout_forward(q, k, v, p, keep):
     return (P * z / (1 - p)) @ v, lse
 
 
-def _dropout_grads(case, z=None, rescale=True, delta_from=None, drop_dp=True):
+def _dropout_grads(case, z=None, zscale=None, delta_from=None, drop_dp=True, drop_dv=True, drop_ds=False,
+                   delta_div=1.0, scale_p=True, scale_grads=True):
+    """dQ, dK, dV of the case (the reference), or with one mistake switched on (the named bugs)."""
     i = case.inputs
     q, k, v, o, lse, do, p = i["q"], i["k"], i["v"], i["o"], i["lse"], i["do"], case.params["p"]
     if z is None:
         z = keep_function(case.params["seed"], p)(np.arange(q.shape[0]), np.arange(k.shape[0]))
     sc = 1 / math.sqrt(q.shape[1])
-    P = np.exp(sc * (q @ k.T) - lse[:, None])
-    zs = z / (1 - p) if rescale else z.astype(np.float64)
-    dv = (P * zs).T @ do
+    P = np.exp((sc if scale_p else 1.0) * (q @ k.T) - lse[:, None])
+    zs = z / (1 - p) if zscale is None else z * zscale
+    dv = (P * zs).T @ do if drop_dv else P.T @ do
     dp = do @ v.T
     if drop_dp:
         dp = dp * zs
-    delta = (do * (o if delta_from is None else delta_from)).sum(1)
+    delta = (do * (o if delta_from is None else delta_from)).sum(1) / delta_div
     ds = P * (dp - delta[:, None])
-    return {"dq": sc * ds @ k, "dk": sc * ds.T @ q, "dv": dv}
+    if drop_ds:
+        ds = ds * zs
+    g = sc if scale_grads else 1.0
+    return {"dq": g * ds @ k, "dk": g * ds.T @ q, "dv": dv}
 
 
 def _dropout_run(f, case):
@@ -395,9 +717,14 @@ def _dropout_run(f, case):
         calls.append(r.size * c.size)
         return keep(r, c)
 
-    out = f(i["q"].copy(), i["k"].copy(), i["v"].copy(), i["o"].copy(), i["lse"].copy(), i["do"].copy(), p["p"],
+    args = (i["q"].copy(), i["k"].copy(), i["v"].copy(), i["o"].copy(), i["lse"].copy(), i["do"].copy(), p["p"],
             watched, p["block_q"], p["block_k"])
-    res = {"_contract": [], "_violations": []}
+    found, peak = [], []
+    memory = p.get("check") == "memory bound"
+    with (Rq.peak_memory(peak) if memory else _nothing()):
+        with _watch(found, autograd=True):
+            out = f(*args)
+    res = {"_contract": [], "_violations": _library_message(found, "backward")}
     if not (isinstance(out, (tuple, list)) and len(out) == 3):
         res["_contract"].append(f"return (dq, dk, dv), got {type(out).__name__}")
         return res
@@ -409,8 +736,21 @@ def _dropout_run(f, case):
             f"keep() was asked for {max(calls)} entries at once, more than one {p['block_q']} x {p['block_k']} tile "
             f"({tile}): regenerate the mask tile by tile, as the kernel does, instead of storing it")
     if not calls and p["p"] > 0:
-        res["_violations"].append("keep() was never called: the backward must regenerate the forward's mask")
+        res["_violations"].append("keep() was never called: the backward must regenerate the forward's mask "
+                                  "(the same keep(rows, cols) the forward used), not draw a new one or skip it")
+    nq, nk = p["Nq"], p["Nk"]
+    if memory and peak and peak[0] > nq * nk * 3 // 4:
+        res["_violations"].append(
+            f"your code's memory peaked at {peak[0] / 2**20:.2f} MiB on this {nq} x {nk} case, while the whole mask "
+            f"Z as bools is {nq * nk / 2**20:.2f} MiB (the scores P in float64: {nq * nk * 8 / 2**20:.0f} MiB): hold "
+            f"one block_q x block_k tile of Z (and of P) at a time and let it go; do not keep the tiles keep() gave "
+            f"you, nor assemble Z, P or S whole")
     return res
+
+
+@contextmanager
+def _nothing():
+    yield
 
 
 def _dropout_ref(case):
@@ -434,26 +774,75 @@ def _transposed_mask(case):
     return _dropout_grads(case, z=keep(np.arange(nk), np.arange(nq)).T)
 
 
+def _tile_local_mask(case):
+    """Z drawn with each tile's own row and column numbers (0 ... block - 1) instead of the global ones."""
+    p = case.params
+    nq, nk, bq, bk = p["Nq"], p["Nk"], p["block_q"], p["block_k"]
+    keep = keep_function(p["seed"], p["p"])
+    z = np.zeros((nq, nk), dtype=bool)
+    for i0 in range(0, nq, bq):
+        for j0 in range(0, nk, bk):
+            r, c = min(bq, nq - i0), min(bk, nk - j0)
+            z[i0:i0 + r, j0:j0 + c] = keep(np.arange(r), np.arange(c))
+    return _dropout_grads(case, z=z)
+
+
+def _inverted_mask(case):
+    nq, nk = case.params["Nq"], case.params["Nk"]
+    return _dropout_grads(case, z=~keep_function(case.params["seed"], case.params["p"])(np.arange(nq), np.arange(nk)))
+
+
 def _undropped_o(case):
     i = case.inputs
     P = np.exp((i["q"] @ i["k"].T) / math.sqrt(i["q"].shape[1]) - i["lse"][:, None])
     return _dropout_grads(case, delta_from=P @ i["v"])
 
 
+def _if_dropping(fn):
+    return lambda c: fn(c) if c.params["p"] > 0 else None
+
+
 DROPOUT_BUGS = [
     Bug("no_rescale", "kept values not scaled by 1 / (1 - p)",
         "the forward scaled the kept weights by 1 / (1 - p): so do dV = (P o Z)^T dO / (1 - p) and "
-        "dP = (dO V^T) o Z / (1 - p).", lambda c: _dropout_grads(c, rescale=False) if c.params["p"] > 0 else None),
+        "dP = (dO V^T) o Z / (1 - p).", _if_dropping(lambda c: _dropout_grads(c, zscale=1.0))),
+    Bug("wrong_rescale", "kept values scaled by (1 - p) or by 1 / (1 - p)^2",
+        "the kept weights are scaled by exactly 1 / (1 - p), once: Z / (1 - p) in dV and in dP (not Z * (1 - p), "
+        "and not a second time in the other).",
+        _if_dropping(lambda c: [_dropout_grads(c, zscale=1 - c.params["p"]),
+                                _dropout_grads(c, zscale=1 / (1 - c.params["p"]) ** 2)])),
     Bug("dp_not_dropped", "the mask applied to dV but not to dP",
         "O = (P o Z) V / (1 - p) depends on P only through the kept entries: dP = (dO V^T) o Z / (1 - p) before "
-        "dS = P o (dP - Delta).", lambda c: _dropout_grads(c, drop_dp=False) if c.params["p"] > 0 else None),
+        "dS = P o (dP - Delta).", _if_dropping(lambda c: _dropout_grads(c, drop_dp=False))),
+    Bug("dv_not_dropped", "the mask applied to dP but not to dV",
+        "dV = (P o Z)^T dO / (1 - p): the values only receive gradient through the weights the forward kept.",
+        _if_dropping(lambda c: _dropout_grads(c, drop_dv=False))),
+    Bug("ds_dropped", "the mask applied again to dS",
+        "Z enters once, in dP = (dO V^T) o Z / (1 - p); then dS = P o (dP - Delta) with the undropped P, no second "
+        "Z.", _if_dropping(lambda c: _dropout_grads(c, drop_ds=True))),
     Bug("mask_transposed", "the mask drawn as keep(cols, rows)",
         "in the K/V-stationary loop the tile is transposed, but the mask is still a function of (query row, key "
         "column): call keep(rows, cols) with the query rows first, and transpose the result if you need Z^T.",
-        lambda c: _transposed_mask(c) if c.params["p"] > 0 else None),
+        _if_dropping(_transposed_mask)),
+    Bug("tile_local_indices", "keep() asked with each tile's own indices (0 ... block - 1)",
+        "the mask is a function of the GLOBAL query row and key column, as the kernel's Philox counters are: for "
+        "the tile at (i0, j0) call keep(np.arange(i0, i0 + rows), np.arange(j0, j0 + cols)).",
+        _if_dropping(_tile_local_mask)),
+    Bug("mask_inverted", "keep() read as the DROPPED entries",
+        "keep(rows, cols) is True where a weight is KEPT (the fraction 1 - p); use it as Z directly, not ~Z.",
+        _if_dropping(_inverted_mask)),
     Bug("delta_undropped", "Delta from the undropped output",
         "Delta_i = rowsum(dO_i o O_i) with O the forward's output, which is the dropped one (the o you are "
-        "given), not P V.", lambda c: _undropped_o(c) if c.params["p"] > 0 else None),
+        "given), not P V.", _if_dropping(_undropped_o)),
+    Bug("delta_rescaled", "Delta divided by (1 - p)",
+        "Delta_i = rowsum(dO_i o O_i) with the o you are given: that O already carries the 1 / (1 - p); do not "
+        "scale Delta again.", _if_dropping(lambda c: _dropout_grads(c, delta_div=1 - c.params["p"]))),
+    Bug("scores_unscaled", "P recomputed without the scale 1/sqrt(D)",
+        "the forward's P = exp(s Q K^T - L) with s = 1/sqrt(D): recompute it with the same s (lse was computed "
+        "from the scaled scores).", lambda c: _dropout_grads(c, scale_p=False)),
+    Bug("grads_unscaled", "dQ and dK without the scale 1/sqrt(D)",
+        "S = s Q K^T, so dQ = s dS K and dK = s dS^T Q: the chain rule brings the factor s = 1/sqrt(D) into both.",
+        lambda c: _dropout_grads(c, scale_grads=False)),
 ]
 
 
@@ -467,20 +856,23 @@ register(Exercise(
      "holds rows r0 = start_m*block_m ... r0 + block_m - 1 (treat it as full); query i sees keys i - left ... "
      "i + right (-1: unbounded on that side) that are < nk. The key loop visits [lo, hi) in three stages: "
      "[lo, full_lo) masked, [full_lo, full_hi) unmasked (whole K tiles of block_n keys that every row sees "
-     "entirely, none past nk), [full_hi, hi) masked. lo, full_lo, full_hi are multiples of block_n; lo the "
+     "entirely, none past nk), [full_hi, hi) masked. lo, full_lo, full_hi are key offsets, multiples of block_n "
+     "(full_lo and full_hi may also equal hi); lo the "
      "largest, hi the smallest (<= nk) that still cover every visible key; the unmasked stage the widest. "
      "No visible key: (0, 0, 0, 0)."),
-    _window_cases, _stage_map, _window_ref, _exact, _window_locate, WINDOW_BUGS,
-    requirements=("0 <= lo <= full_lo <= full_hi <= hi <= nk", "lo, full_lo, full_hi whole K tiles"), **_PY))
+    _window_cases, _window_run, _window_ref, _exact, _window_locate, WINDOW_BUGS,
+    requirements=("0 <= lo <= full_lo <= full_hi <= hi <= nk", "lo, full_lo, full_hi whole K tiles",
+                  "your own code: no call of flashlab.variants (band_tile_ranges) or the grader's reference"), **_PY))
 
 register(Exercise(
     "gqa_head_map",
     ("f(H, H_kv) -> (kv_head, group). Python ints, H % H_kv == 0, G = H // H_kv. kv_head: H ints, the K/V head "
      "query head h reads (consecutive query heads share one, as K/V.repeat_interleave(G, dim=1) would); group: "
      "H_kv lists of G ints, the query heads whose dK/dV the program of K/V head hk sums, in increasing order."),
-    _gqa_cases, _gqa_collect, lambda c: _gqa_collect(_gqa_ref_fn, c), _exact,
+    _gqa_cases, _gqa_run, lambda c: _gqa_collect(_gqa_ref_fn, c), _exact,
     lambda case, name, idx: (f"query head {idx[0]}" if name == "kv_head" else f"K/V head {idx[0]}, entry {idx[1]}"),
-    GQA_BUGS, **_PY))
+    GQA_BUGS, requirements=("kv_head and group agree: group[hk] lists exactly the query heads h with "
+                            "kv_head[h] == hk, in increasing order",), **_PY))
 
 register(Exercise(
     "varlen_program_map",
@@ -490,8 +882,8 @@ register(Exercise(
      "sequence, its head, row0 the packed row of its tile's first row, and rows the number of the tile's "
      "block_m rows inside the sequence (0 when the tile starts past the sequence's end: it then stores nothing, "
      "and row0 is not checked)."),
-    _varlen_cases_typed, _varlen_collect, lambda c: _varlen_collect(varlen_program, c), _exact, _varlen_locate,
-    VARLEN_BUGS, **_PY))
+    _varlen_cases_typed, _varlen_run, lambda c: _varlen_collect(varlen_program, c), _exact, _varlen_locate,
+    VARLEN_BUGS, requirements=("your own code: no call of flashlab.variants (varlen_program)",), **_PY))
 
 register(Exercise(
     "dropout_backward",
@@ -499,6 +891,10 @@ register(Exercise(
      "(Nq, D), k and v (Nk, D), scale 1/sqrt(D), not causal. The forward dropped each weight with the mask "
      "keep(rows, cols) (a function: bool (len(rows), len(cols)), True = kept, the same every time it is asked) "
      "and scaled the kept ones: o = (P o Z) V / (1 - p); lse is the undropped softmax's. Return the gradients "
-     "for dO = do, regenerating Z tile by tile (at most block_q x block_k entries per call), never storing it."),
+     "for dO = do, written out (no autograd), regenerating Z tile by tile (at most block_q x block_k entries per "
+     "call, global row and column indices), never storing it whole."),
     _dropout_cases, _dropout_run, _dropout_ref, _dropout_tol, _dropout_locate, DROPOUT_BUGS, dtype="float64",
-    requirements=("the mask regenerated tile by tile: no keep() call larger than one tile",), **_PY))
+    requirements=("the mask regenerated tile by tile: no keep() call larger than one tile",
+                  "nothing N x N kept: on a 1024 x 1024 case the memory peak stays under 3/4 of the mask's size in "
+                  "bools (no stored tiles of Z, no P or S whole)",
+                  "the backward written out: no torch autograd, no flashlab reference"), **_PY))
