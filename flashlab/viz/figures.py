@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from . import reference as R
+from .. import reference as R
 
 # Ceilings measured on the H200 the course's numbers come from (see the README's benchmark record).
 H200_BANDWIDTH = 4.3e12      # bytes/s, device-to-device copy (read + write)
@@ -355,7 +355,7 @@ _register_ipython_display()
 
 def fig_causal_stages(nq=300, nk=300, block_m=64, block_n=32, causal=True):
     """Tiles of S as the forward kernels v2/v3 visit them: unmasked, masked (diagonal / ragged), skipped."""
-    from .kernels.bounds import tile_kinds
+    from ..kernels.bounds import tile_kinds
     kinds = np.array(tile_kinds(nq, nk, block_m, block_n, causal))
     fig = Figure(figsize=(5.4, 5.0))
     ax = fig.add_subplot()
