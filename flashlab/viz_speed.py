@@ -292,7 +292,7 @@ def fig_roofline_pair(models: dict, measured: dict, ceiling: tuple, bandwidth: f
     for y, v in zip(ys, vals):
         bx.text(v, y, f" {v:.0f} ({100 * v * 1e12 / peak:.0f} %)", va="center", fontsize=8)
     bx.axvline(peak / 1e12, color="k", lw=1.5)
-    bx.text(peak / 1e12, len(names) - 0.45, f" {ceiling[1]}", fontsize=7, va="bottom", ha="right")
+    bx.text(peak / 1e12, -0.75, f" {ceiling[1]}", fontsize=7, va="bottom", ha="left")
     for i, (name, b) in enumerate(bounds.items()):
         if b < peak:
             bx.axvline(b / 1e12, color=f"C{i}", lw=1.2, ls="--")
