@@ -106,7 +106,7 @@ def launch_backward_atomic(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale:
     use) only promises that each add happens once, whole: all a sum of partial tiles needs, since no
     program reads dQ before the last kernel has finished.  "acq_rel", ``tl.atomic_add``'s own default,
     also orders every other memory access of the thread around each add (a fence on each side): correct
-    here too, but it pays for an ordering nothing reads.  The H200 recording of 2026-11-30
+    here too, but it asks for an ordering nothing reads.  The H200 recording of 2026-11-30
     (scripts/record_part3.py, "3.6x slower than two kernels") ran "acq_rel"."""
     if sem not in SEMANTICS:
         raise ValueError(f"sem must be one of {SEMANTICS}, got {sem!r}")
