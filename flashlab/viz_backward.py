@@ -210,9 +210,10 @@ def fig_bwd_sweep(sweep):
     return fig
 
 
-def fig_atomic_dq(atomic):
+def fig_atomic_dq(atomic, title=None, atomic_label="atomic dQ"):
     """Left: share of dQ elements whose bits differ between identical runs (two kernels vs atomic dQ).
-    Right: backward TFLOP/s of each.  ``atomic``: the record's ``atomic`` dict."""
+    Right: backward TFLOP/s of each.  ``atomic``: the record's ``atomic`` dict; ``title``: the figure's
+    (device, dtype, when); ``atomic_label``: e.g. "atomic dQ (acq_rel)" for the memory ordering it ran."""
     det, tim = atomic["determinism"], atomic["timing"]
     fig = Figure(figsize=(10, 4))
     ax = fig.add_subplot(1, 2, 1)
@@ -221,9 +222,9 @@ def fig_atomic_dq(atomic):
     a = [100 * r["canonical_differ"] for r in det]
     b = [100 * r["atomic_differ"] for r in det]
     ax.bar(x - 0.2, a, 0.4, label="two kernels (canonical)")
-    ax.bar(x + 0.2, b, 0.4, label="atomic dQ", color="C3")
+    ax.bar(x + 0.2, b, 0.4, label=atomic_label, color="C3")
     for xi, (va, vb) in enumerate(zip(a, b)):
-        ax.text(xi - 0.2, va, f"{va:.2g}", ha="center", va="bottom", fontsize=7)
+        ax.text(xi - 0.2, va, f"{va:.2g}" if va else "0", ha="center", va="bottom", fontsize=7)
         ax.text(xi + 0.2, vb, f"{vb:.2g}", ha="center", va="bottom", fontsize=7)
     ax.set_ylim(0, max(b + a + [1e-3]) * 1.35)
     ax.set_xticks(x, labels, fontsize=7)
@@ -237,12 +238,14 @@ def fig_atomic_dq(atomic):
     tc = [r.get("canonical_tflops", math.nan) for r in tim]
     ta = [r.get("atomic_tflops", math.nan) for r in tim]
     ax2.bar(x - 0.2, tc, 0.4, label="two kernels (canonical)")
-    ax2.bar(x + 0.2, ta, 0.4, label="atomic dQ", color="C3")
+    ax2.bar(x + 0.2, ta, 0.4, label=atomic_label, color="C3")
     ax2.set_ylim(0, np.nanmax(tc + ta + [1.0]) * 1.3)
     ax2.set_xticks(x, labels, fontsize=7)
     ax2.set_ylabel("backward TFLOP/s (kernels only)")
     ax2.set_title("Speed (c: causal; fp16, 16k tokens)", fontsize=10)
     ax2.legend(fontsize=8, loc="upper left")
     ax2.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

@@ -196,6 +196,8 @@ def l2_verdict(record, threshold=1.1):
 def fig_fa1_vs_fa2(record, title=None):
     """TFLOP/s against N of the FA1-order kernel and FA2 (v1, same tiles), one panel per head dim."""
     ds = sorted({r["D"] for r in record["fa1"]})
+    if all(len({r["N"] for r in record["fa1"] if r["D"] == d}) == 1 for d in ds):
+        return _fig_fa1_vs_fa2_bars(record, title)
     fig = Figure(figsize=(5.2 * len(ds), 3.8))
     axes = fig.subplots(1, len(ds), squeeze=False)[0]
     for ax, d in zip(axes, ds):
@@ -222,8 +224,87 @@ def fig_fa1_vs_fa2(record, title=None):
         ax.set_ylabel("TFLOP/s")
         ax.set_title(f"D={d} (labels: FA2 / FA1)", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(title or "FA1's loop order against FA2's, same tiles, fp16", fontsize=10)
+    fig.tight_layout()
+    fig.subplots_adjust(right=1 - 1.6 / fig.get_figwidth())
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center right")
+    return fig
+
+
+def _fig_fa1_vs_fa2_bars(record, title=None):
+    """One sequence length per head dim: grouped bars (FA2 v1, FA1 order) per (D, causal), the ratio above."""
+    rows = sorted(record["fa1"], key=lambda r: (r["D"], r["causal"]))
+    fig = Figure(figsize=(1.5 * len(rows) + 2.5, 3.6))
+    ax = fig.add_subplot()
+    w = 0.38
+    for j, (key, label, color) in enumerate((("fa2_tflops", "FA2 order (v1)", "C0"), ("fa1_tflops", "FA1 order", "C3"))):
+        xs = [i + (j - 0.5) * w for i in range(len(rows))]
+        ax.bar(xs, [r[key] for r in rows], w, color=color, label=label)
+        for x, r in zip(xs, rows):
+            ax.text(x, r[key], f"{r[key]:.0f}", ha="center", va="bottom", fontsize=7)
+    for i, r in enumerate(rows):
+        top = max(r["fa2_tflops"], r["fa1_tflops"])
+        ax.text(i, top * 1.09, f"FA2/FA1 {r['fa2_tflops'] / r['fa1_tflops']:.2f}x", ha="center", fontsize=8, color="0.25")
+    ax.set_xticks(range(len(rows)), [f"D={r['D']}, N={r['N']}\n{'causal' if r['causal'] else 'non-causal'}" for r in rows],
+                  fontsize=8)
+    ax.set_ylim(0, 1.3 * max(max(r["fa2_tflops"], r["fa1_tflops"]) for r in rows))
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title or "FA1's loop order against FA2's, same tiles, fp16", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+def fig_roofline_pair(models: dict, measured: dict, ceiling: tuple, bandwidth: float, title: str = ""):
+    """Two panels side by side, no inset.
+
+    Left, the roofline: the measured matmul ``ceiling`` = (FLOP/s, label), the bandwidth slope, and one
+    marker on the bound for each byte model (``models``: name -> (FLOPs, bytes)).  Right, the measured rates
+    (``measured``: name -> FLOP/s; all of one shape, so one intensity: bars, not markers stacked at one x)
+    against the ceiling and each model's bound."""
+    import numpy as np
+    peak = ceiling[0]
+    fig = Figure(figsize=(12, 4.2))
+    ax, bx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+    ai = np.logspace(0, 4.3, 200)
+    ax.loglog(ai, np.minimum(peak, bandwidth * ai) / 1e12, color="k", lw=1.5,
+              label=f"min({ceiling[1]}, {bandwidth / 1e12:.1f} TB/s x intensity)")
+    ridge = peak / bandwidth
+    ax.axvline(ridge, color="gray", lw=0.8, ls=":")
+    ax.text(ridge * 1.08, peak / 1e12 / 12, f"ridge {ridge:.0f} FLOP/byte", fontsize=8, color="gray")
+    bounds = {}
+    for i, (name, (flops, nbytes)) in enumerate(models.items()):
+        x = flops / nbytes
+        bounds[name] = min(peak, bandwidth * x)
+        ax.plot([x], [bounds[name] / 1e12], "o", color=f"C{i}", ms=8,
+                label=f"{name}: {x:.0f} FLOP/byte, bound {bounds[name] / 1e12:.0f} TFLOP/s")
+    ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title("where the byte models put the kernel", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    names = list(measured)
+    ys = np.arange(len(names))
+    vals = [measured[n] / 1e12 for n in names]
+    bx.barh(ys, vals, color="C7")
+    for y, v in zip(ys, vals):
+        bx.text(v, y, f" {v:.0f} ({100 * v * 1e12 / peak:.0f} %)", va="center", fontsize=8)
+    bx.axvline(peak / 1e12, color="k", lw=1.5)
+    bx.text(peak / 1e12, -0.75, f" {ceiling[1]}", fontsize=7, va="bottom", ha="left")
+    for i, (name, b) in enumerate(bounds.items()):
+        if b < peak:
+            bx.axvline(b / 1e12, color=f"C{i}", lw=1.2, ls="--")
+            bx.text(b / 1e12, -0.75, f"{name.split(':')[0]} bound ", fontsize=7, color=f"C{i}", ha="right", va="bottom")
+    bx.set_yticks(ys, names, fontsize=8)
+    bx.invert_yaxis()
+    bx.set_xlim(0, peak / 1e12 * 1.25)
+    bx.set_ylim(len(names) - 0.2, -1.0)
+    bx.set_xlabel("TFLOP/s (% of the ceiling)")
+    bx.set_title("measured rates", fontsize=9)
+    bx.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -12,7 +12,15 @@ from matplotlib.patches import Rectangle
 from .viz import _finish_loglog
 
 COLORS = {"naive": "#cf222e", "learner": "#8250df", "flashlab": "#1f6feb", "sdpa-flash": "#2da44e",
-          "sdpa-cudnn": "#bf8700", "SDPA": "#2da44e"}
+          "sdpa-cudnn": "#bf8700", "SDPA": "#2da44e", "v1 (taught)": "#0a3069", "yours": "#8250df",
+          "solution": "#8250df", "flashlab (op)": "#54aeff"}
+
+
+def _color(p, j):
+    """A provider's colour: the course's fixed ones, light blue for a dated op row ("op 2026-11-30")."""
+    if p in COLORS:
+        return COLORS[p]
+    return "#54aeff" if p.startswith("op ") else f"C{(j + 4) % 10}"
 
 
 def fig_program_blocks(n=23, block=8):
@@ -96,40 +104,71 @@ def fig_memory_hierarchy(gpus: dict):
     return fig
 
 
-def fig_tflops_vs_n(rows, title="Forward TFLOP/s"):
-    """One panel per head dim: TFLOP/s against N per provider. ``rows``: dicts with provider, N, D, tflops."""
+def fig_tflops_vs_n(rows, title="Forward TFLOP/s", ceiling=None):
+    """One panel per head dim: TFLOP/s against N per provider. ``rows``: dicts with provider, N, D, tflops.
+
+    A linear TFLOP/s axis (the rates span one order of magnitude at most), one legend for the figure, and
+    ``ceiling``: an optional (TFLOP/s, label) drawn across every panel (the run's measured matmul)."""
     ds = sorted({r["D"] for r in rows})
-    fig = Figure(figsize=(5.2 * len(ds), 3.8))
+    fig = Figure(figsize=(4.6 * len(ds) + 2.6, 3.8))
+    provs = []
+    for r in rows:
+        if r["provider"] not in provs:
+            provs.append(r["provider"])
+    handles = {}
+    top = 0.0
     for i, d in enumerate(ds):
         ax = fig.add_subplot(1, len(ds), i + 1)
-        provs = []
-        for r in rows:
-            if r["D"] == d and r["provider"] not in provs:
-                provs.append(r["provider"])
-        for p in provs:
+        for j, p in enumerate(provs):
             pts = sorted((r["N"], r["tflops"]) for r in rows if r["D"] == d and r["provider"] == p
                          and r.get("tflops") is not None and np.isfinite(r["tflops"]))
             if pts:
                 x, y = zip(*pts)
-                ax.plot(x, y, "o-", label=p, color=COLORS.get(p))
+                top = max(top, max(y))
+                (h,) = ax.plot(x, y, "o-", label=p, color=_color(p, j), ms=4)
+                handles.setdefault(p, h)
+        if ceiling is not None:
+            h = ax.axhline(ceiling[0], color="black", ls="--", lw=1, label=ceiling[1])
+            handles.setdefault(ceiling[1], h)
+            top = max(top, ceiling[0])
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        _finish_loglog(fig, ax, "N (tokens per sequence; B = 16384 / N)", "TFLOP/s", f"{title}, D = {d}")
+        ax.set_ylim(0, top * 1.08 if top else 1)
+        ax.set_xlabel("N (tokens per sequence; B = 16384 / N)")
+        if i == 0:
+            ax.set_ylabel("TFLOP/s")
+        ax.set_title(f"D = {d}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.subplots_adjust(right=1 - 2.5 / fig.get_figwidth())
+    fig.legend(list(handles.values()), list(handles), fontsize=8, loc="center right")
     return fig
 
 
 def fig_peak_memory(ns_by_provider: dict, title="Peak memory of one forward"):
-    """Peak extra memory (bytes) against N per provider; a provider's line stops where it ran out."""
-    fig = Figure(figsize=(6.4, 4))
+    """Peak extra memory (bytes) against N per provider; ``None``: the provider ran out of memory there.
+
+    The y axis is symmetric-log (linear below 1 MiB), so 0 MiB is drawn at 0, not at an invented floor; the
+    point where a provider ran out of memory is marked with a cross at the top, labelled with its N."""
+    fig = Figure(figsize=(7.2, 4))
     ax = fig.add_subplot()
-    for p, pts in ns_by_provider.items():
-        pts = [(n, b) for n, b in pts if b is not None]
-        if pts:
-            x, y = zip(*pts)
-            ax.plot(x, np.asarray(y) / 2**20, "o-", label=p, color=COLORS.get(p))
+    top = max([b for pts in ns_by_provider.values() for _, b in pts if b] or [2**20]) / 2**20
+    for j, (p, pts) in enumerate(ns_by_provider.items()):
+        color = _color(p, j)
+        ok = [(n, b) for n, b in pts if b is not None]
+        if ok:
+            x, y = zip(*ok)
+            ax.plot(x, np.asarray(y) / 2**20, "o-", label=p, color=color, ms=4)
+        for n, b in pts:
+            if b is None:
+                ax.plot([n], [top * 2], "x", color=color, ms=10, mew=2)
+                ax.annotate(f"{p}: out of memory at N = {n:,}", (n, top * 2), textcoords="offset points",
+                            xytext=(-6, -14), ha="right", fontsize=8, color=color)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    return _finish_loglog(fig, ax, "N", "MiB above the inputs and the output", title)
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(-0.1, top * 6)
+    return _finish_loglog(fig, ax, "N", "MiB above the inputs and the output (0 drawn at 0)", title,
+                          legend_loc="center left")
 
 
 def fig_grouped_bars(groups: dict, ylabel: str, title: str = "", log=False, hline=None):

@@ -20,12 +20,14 @@ def test_each_exercise_is_declared_once_in_its_parts_module():
     where = {name: ex.module.rsplit(".", 1)[-1] for name, ex in EXERCISES.items()}
     assert where == {"attention_naive": "part1", "online_softmax_update": "part1", "online_softmax": "part1",
                      "attention_tiled": "part1", "softmax_kernel": "part2", "matmul_kernel": "part2",
-                     "flash_forward": "part2", "causal_loop_bounds": "part2", "flash_backward": "part3",
+                     "flash_forward": "part2", "causal_loop_bounds": "part2", "flash_forward_tails": "part2",
+                     "flash_forward_causal": "part2", "flash_backward": "part3",
                      "window_tile_bounds": "variants", "gqa_head_map": "variants", "varlen_program_map": "variants",
                      "dropout_backward": "variants",
                      "merge_partials": "beyond", "zigzag_indices": "beyond", "ring_step": "beyond"}
     assert {n for n, ex in EXERCISES.items() if ex.needs_triton} == {
-        "softmax_kernel", "matmul_kernel", "flash_forward", "flash_backward"}
+        "softmax_kernel", "matmul_kernel", "flash_forward", "flash_forward_tails", "flash_forward_causal",
+        "flash_backward"}
     assert all(ex.notebook and ex.contract for ex in EXERCISES.values())
     assert exercises() == {n: ex.contract for n, ex in EXERCISES.items()}
     # nothing else keeps a list of exercises: no names in grade(), batch or the CLI, no contracts apart

@@ -41,10 +41,11 @@ def flash_bwd_atomic_dq_kernel(
     stride_lb, stride_lh, stride_lm,
     H, Nq, Nk, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr, SEM: tl.constexpr = "relaxed",
 ):
     """dK_j, dV_j for one K/V tile, and its share of every dQ_i, added atomically into DQ_ACC
-    ((B, H, Nq, HEAD_DIM) float32, contiguous, zeroed by the launcher)."""
+    ((B, H, Nq, HEAD_DIM) float32, contiguous, zeroed by the launcher).  ``SEM``: the atomics' memory
+    ordering ("relaxed", as backward v3 / v4 use, or Triton's default "acq_rel")."""
     start_n = tl.program_id(0)
     off_bh = tl.program_id(1)
     off_b = off_bh // H
@@ -84,7 +85,7 @@ def flash_bwd_atomic_dq_kernel(
         dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk, input_precision=DOT_PRECISION)  # dK_j += dS^T Q_i
         dq_part = tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION) * sm_scale  # s dS_ij K_j
         tl.atomic_add(dq_base + rows[:, None] * HEAD_DIM + offs_d[None, :], dq_part,
-                      mask=row_ok[:, None])                                         # dQ_i += ..., in HBM
+                      mask=row_ok[:, None], sem=SEM)                                # dQ_i += ..., in HBM
     dk = dk * sm_scale
     tl.store(DK + off_b * stride_dkb + off_h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
@@ -92,10 +93,23 @@ def flash_bwd_atomic_dq_kernel(
              dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
-def launch_backward_atomic(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *, config=None):
+SEMANTICS = ("relaxed", "acq_rel")
+
+
+def launch_backward_atomic(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *, config=None,
+                           sem: str = "relaxed"):
     """Write dQ, dK, dV into ``dq``, ``dk``, ``dv``: the Delta kernel, then one K/V-stationary kernel
     with an atomic dQ.  ``config``: the dK/dV kernel's :class:`flashlab.kernels.Config` (default: the
-    canonical backward's).  fp16/bf16/fp32 (fp32 as IEEE); head dims 16..128."""
+    canonical backward's).  fp16/bf16/fp32 (fp32 as IEEE); head dims 16..128.
+
+    ``sem``: the memory ordering of the atomic adds.  "relaxed" (the default, and what backward v3 / v4
+    use) only promises that each add happens once, whole: all a sum of partial tiles needs, since no
+    program reads dQ before the last kernel has finished.  "acq_rel", ``tl.atomic_add``'s own default,
+    also orders every other memory access of the thread around each add (a fence on each side): correct
+    here too, but it asks for an ordering nothing reads.  The H200 recording of 2026-11-30
+    (scripts/record_part3.py, "3.6x slower than two kernels") ran "acq_rel"."""
+    if sem not in SEMANTICS:
+        raise ValueError(f"sem must be one of {SEMANTICS}, got {sem!r}")
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     cfg = config or backward_config(D, q.dtype)[0]
@@ -108,5 +122,5 @@ def launch_backward_atomic(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale:
         q, k, v, do, lse, delta, dk, dv, dq_acc,
         *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *lse.stride(),
         H, Nq, Nk, scale, CAUSAL=causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D,
-        DOT_PRECISION="ieee", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        DOT_PRECISION="ieee", SEM=sem, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     dq.copy_(dq_acc)

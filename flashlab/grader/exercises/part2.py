@@ -600,3 +600,124 @@ register(Exercise(
                 "unmasked_end and the smallest end."),
     _causal_cases, _causal_run, _causal_ref, lambda case, name, ref: 0.0, _causal_locate, CAUSAL_BUGS,
     notebook="06"))
+
+
+# ----------------------------------------------------------------------------
+# notebook 05, the staged build: the lecture's one-head kernel (flashlab.teaching.one_head), then one
+# thing added per exercise: flash_forward_tails (B, H, strides, ragged N) -> flash_forward_causal (the mask
+# and block skipping) -> flash_forward (the LSE, above)
+# ----------------------------------------------------------------------------
+
+SKIP_SLACK = 256   # a causal program may load keys up to its last row + this (tiles of up to 256 keys)
+
+
+def _staged_tails_cases(rng):
+    """flash_forward's cases without the mask: every size, stride and magnitude, non-causal."""
+    cases, seen = [], set()
+    for c in _kernel_cases(rng):
+        c.params = {**c.params, "causal": False}
+        key = tuple(sorted(c.params.items())) + (c.large,)
+        if key not in seen:          # a causal case and its non-causal twin become one
+            seen.add(key)
+            cases.append(c)
+    return cases
+
+
+def _staged_causal_cases(rng):
+    """flash_forward's cases, plus one causal case with many more keys than queries: the skipping probe."""
+    cases = _kernel_cases(rng)
+    nq, nk, d = 64, 64 + 2 * SKIP_SLACK, 16
+    t = {n: torch.from_numpy(rng.standard_normal((1, 1, m, d))).to(device=device.DEVICE, dtype=torch.float32)
+         for n, m in (("q", nq), ("k", nk), ("v", nk))}
+    cases.append(KernelCase({"B": 1, "H": 1, "Nq": nq, "Nk": nk, "D": d, "causal": True, "dtype": "fp32"}, t))
+    return cases
+
+
+def _skips_tiles(case) -> bool:
+    p = case.params
+    return bool(p["causal"]) and p["Nk"] >= p["Nq"] + 2 * SKIP_SLACK
+
+
+def skipping_violations(f, case) -> list:
+    """Trace ``f(q, k, v, o, True)`` (flashlab.viz.trace) and report a program that loads keys far past its
+    last query row: key tiles entirely above the diagonal, which block skipping never loads.  [] when every
+    program stops in time, or when the trace cannot run (then the values are still graded)."""
+    import warnings
+    try:
+        from ...viz.trace import trace_call
+    except ImportError:
+        return []
+    p = case.params
+    q, k, v = (case.inputs[n].clone() for n in "qkv")
+    o = torch.empty_like(q)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traces = trace_call(f, q, k, v, o, True)
+    except Exception:
+        return []
+    for t in traces if isinstance(traces, list) else [traces]:
+        kv = [a for a, (shape, _) in t.args.items() if len(shape) == 4 and shape[2] == p["Nk"]]
+        outs = [a for a, (shape, _) in t.args.items() if len(shape) == 4 and shape[2] == p["Nq"]]
+        for prog in t.programs:
+            rows = {i[2] for a in outs for i in t.writes(prog, a)}
+            keys = {i[2] for a in kv for i in t.reads(prog, a)}
+            if rows and keys and max(keys) > max(rows) + SKIP_SLACK:
+                return [f"key tiles above the diagonal are loaded: the program that writes query rows "
+                        f"{min(rows)}-{max(rows)} loads keys up to {max(keys)} (traced with flashlab.viz.trace on a "
+                        f"causal case with Nq = {p['Nq']}, Nk = {p['Nk']}). Those tiles are masked entirely: stop "
+                        f"the key loop at min((start_m + 1) * BLOCK_M, Nk) and they are never loaded (block "
+                        f"skipping, half the work at large N)."]
+    return []
+
+
+def _staged_run(f, case, with_causal: bool):
+    p = case.params
+    ins = _guard_inputs(case, "qkv")
+    q = ins["q"].view
+    o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
+                  p.get("layout", "BHND"), SENTINEL[q.dtype])
+    f(q, ins["k"].view, ins["v"].view, o.view, *((p["causal"],) if with_causal else ()))
+    _sync()
+    strays = [s for s in (stray_writes(o),) if s] + _input_strays(ins, case)
+    out = {"o": _f64(o.view), "_stray": [str(s) for s in strays], "_unwritten": {"o": unwritten(o).cpu().numpy()}}
+    if with_causal and _skips_tiles(case):
+        out["_violations"] = skipping_violations(f, case)
+    return out
+
+
+def _o_ref(case):
+    return {"o": _fwd_ref(case)["o"]}
+
+
+def _staged_probe(with_causal):
+    def probe(f, case):
+        g = (lambda q, k, v, o, lse, causal: f(q, k, v, o, causal)) if with_causal else \
+            (lambda q, k, v, o, lse, causal: f(q, k, v, o))
+        return _fwd_probe(g, case)
+    return probe
+
+
+_TAILS_BUGS = _attn_bugs(False, _kernel_per_slice) + [Bug(*KB.WRONG_STRIDE, _fwd_wrong_stride)]
+
+register(Exercise(
+    "flash_forward_tails",
+    "f(q, k, v, o) -> None. torch; q (B, H, Nq, D), k and v (B, H, Nk, D), non-causal; launch a Triton kernel "
+    "that writes O = softmax(Q K^T / sqrt(D)) V into o (shape and dtype of q), in place. Nq and Nk are any sizes "
+    "(not multiples of your tiles), the tensors are views with padding around them (some transposed from "
+    "(B, N, H, D)): use every tensor's own strides, mask the loads past Nq and Nk, and set the scores past Nk "
+    "to -inf.",
+    _staged_tails_cases, lambda f, case: _staged_run(f, case, False), _o_ref, _kernel_tol, _kernel_locate,
+    _TAILS_BUGS, probe=_staged_probe(False), notebook="05",
+    requirements=("O matches float64 attention on ragged sizes, strided views and |S| ~ 1000",
+                  "nothing is written outside o, the inputs are not modified"), **_KERNEL))
+
+register(Exercise(
+    "flash_forward_causal",
+    "f(q, k, v, o, causal) -> None. torch; as flash_forward_tails, plus causal: with causal=True query i sees "
+    "keys j <= i (top-left, also when Nq != Nk), and key tiles entirely above the diagonal are never loaded "
+    "(block skipping: checked by tracing your kernel on a causal case with Nk much larger than Nq).",
+    _staged_causal_cases, lambda f, case: _staged_run(f, case, True), _o_ref, _kernel_tol, _kernel_locate,
+    _attn_bugs(False, _kernel_per_slice) + _fwd_kernel_bugs(), probe=_staged_probe(True), notebook="05",
+    requirements=("O matches float64 attention, causal both ways, Nq != Nk both ways",
+                  "a causal program loads no key tile entirely above the diagonal (traced)"), **_KERNEL))
