@@ -17,7 +17,7 @@ then dQ = s * dQacc in the dtype of Q (the launcher).  Changed against v2:
    ``dq_desc.atomic_add([row, 0], tile)`` through a tensor descriptor becomes one TMA
    reduce of the whole tile (``cp.reduce.async.bulk.tensor``): the tile goes to shared
    memory, and the TMA unit and L2 do the adds asynchronously.  The teaching kernel (flashlab.teaching.atomic_dq) issues
-   one fp32 ``atomic_add`` per element and measured 3.6x slower than v2.  Triton's
+   one fp32 ``atomic_add`` per element (acq_rel ordering, Triton's default) and measured 3.6x slower than v2.  Triton's
    interpreter has no descriptor reduce, so ``TMA_REDUCE=False`` (the interpreter's and
    pre-Hopper GPUs' path) adds through pointers instead; both are tested.
 3. **The adds can be spread over rows** (``SPREAD``).  All programs of a head start together;
