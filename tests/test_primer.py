@@ -91,3 +91,20 @@ def test_softmax_reference_with_phantom_zeros():
     ph = softmax_rows(x, extra_zeros=1)
     e = np.exp(x - 3)
     np.testing.assert_allclose(ph, e / (e.sum() + np.exp(-3.0)))
+
+
+def test_no_interpreter_warning_is_printed_around_the_report():
+    """The interpreter's RuntimeWarnings (e^x overflowing without the max subtraction) stay out of the
+    notebook's output: what went wrong is in the report.  (In a child process: pytest records warnings.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys; sys.path.insert(0, 'tests')\n"
+            "from flashlab.grader import grade\nfrom buggy_primer import make_softmax\n"
+            "r = grade('softmax_kernel', make_softmax(no_max=True), seed=2)\nprint('passed', r.passed)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert "passed False" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "Warning" not in out.stderr, out.stderr[-2000:]
