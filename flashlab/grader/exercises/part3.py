@@ -64,7 +64,42 @@ def _bwd_tol(case, name, ref):
     # row's few dominant probabilities carry that rounding whole (the canonical kernel reached 1.7e-2 of the
     # largest |dK| on about one draw in 30 at |S| ~ 100): twice the kernel tolerance there
     widen = 2.0 if case.large and case.params["dtype"] in ("fp16", "bf16") else 1.0
-    return widen * _kernel_tol(case, name, ref) + 4 * lse_max * 2.0**-24 * mag
+    fixed = widen * _kernel_tol(case, name, ref) + 4 * lse_max * 2.0**-24 * mag
+    # the accuracy rule (flashlab/accuracy.py): at least twice the error of the same algorithm in the same
+    # precision on this very case. For fp32, FA2's backward itself (P recomputed from the float32 LSE,
+    # Delta = rowsum(dO o O), dS = P o (dP - Delta)) in float32: where dP is close to Delta its rounding
+    # is amplified, and a fixed 1e-4 of the largest |dK| alone was beaten by a right kernel on an unlucky
+    # draw (2.81e-4 against 2.70e-4)
+    own = _fp32_algorithm_errors(case).get(name)
+    return fixed if own is None else max(fixed, 2.0 * own + 4 * lse_max * 2.0**-24 * mag)
+
+
+def _fp32_algorithm_errors(case) -> dict:
+    """max |grad - float64 reference| of FA2's backward computed in float32 (fp32 cases; cached on the case)."""
+    cached = getattr(case, "_fp32_errors", None)
+    if cached is not None:
+        return cached
+    errs = {}
+    if case.params["dtype"] == "fp32" and "lse" in case.inputs:
+        f32 = {n: case.inputs[n].detach().float().cpu().numpy() for n in ("q", "k", "v", "o", "do", "lse")}
+        p = case.params
+        scale = np.float32(1.0 / math.sqrt(p["D"]))
+        ref = _bwd_ref(case)
+        got = {n: np.empty(ref[n].shape) for n in ("dq", "dk", "dv")}
+        with np.errstate(all="ignore"):
+            for b in range(p["B"]):
+                for h in range(p["H"]):
+                    q, k, v, o, do, lse = (f32[n][b, h] for n in ("q", "k", "v", "o", "do", "lse"))
+                    s = (q @ k.T) * scale
+                    if p["causal"]:
+                        s = np.where(R.causal_mask(*s.shape), s, np.float32(-np.inf))
+                    pm = np.exp(s - lse[:, None]).astype(np.float32)
+                    delta = (do * o).sum(1, dtype=np.float32)
+                    ds = pm * (do @ v.T - delta[:, None])
+                    got["dv"][b, h], got["dq"][b, h], got["dk"][b, h] = pm.T @ do, (ds @ k) * scale, (ds.T @ q) * scale
+        errs = {n: float(np.nanmax(np.abs(got[n] - ref[n]))) for n in got if np.isfinite(got[n]).all()}
+    case._fp32_errors = errs
+    return errs
 
 
 def _bwd_do_buffer(case):
