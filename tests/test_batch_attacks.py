@@ -369,7 +369,7 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
         assert v("mallory_forge", ex) == "fail", ex
     assert v("mallory_run", "online_softmax") == "fail" and v("mallory_run", "attention_tiled") == "fail"
     assert "wrong algorithm" in by["mallory_run"].grades["online_softmax"]["message"]
-    assert v("mallory_wire", "online_softmax") == "fail"
+    assert v("mallory_wire", "online_softmax") in ("fail", "error")   # (x is served: its hand-made loop breaks)
     assert v("mallory_wire", "online_softmax_update") == "error"
     for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
         assert v("mallory_escape", ex) == "fail", ex

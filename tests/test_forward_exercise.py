@@ -83,3 +83,16 @@ def test_record_script_times_the_solution_notebooks_kernel():
     o = bench.contract_provider(learner)(q, k, v, True)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert (o - ref).abs().max().item() < 1e-5
+
+
+def test_attention_in_torch_copied_into_o_is_refused():
+    """softmax(S) V and a logsumexp in torch, copied into o and lse: right values, no kernel: refused."""
+    from flashlab import reference as R
+
+    def torch_forward(q, k, v, o, lse, causal):
+        out, l = R.attention_naive_torch(q.float(), k.float(), v.float(), causal)
+        o.copy_(out)
+        lse.copy_(torch.logsumexp(l[..., None], -1))
+    r = grade("flash_forward", torch_forward, seed=1)
+    assert not r.passed
+    assert "no Triton kernel was launched" in str(r) and "Tensor.copy_ on `o`" in str(r), str(r)

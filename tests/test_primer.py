@@ -108,3 +108,19 @@ def test_no_interpreter_warning_is_printed_around_the_report():
                          env={**os.environ, "PYTHONPATH": str(root)})
     assert "passed False" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "Warning" not in out.stderr, out.stderr[-2000:]
+
+
+def test_torch_math_handed_in_is_refused():
+    """Right values without a kernel: torch's softmax or matmul copied into the output is refused, naming
+    what was done on which tensor."""
+    def torch_softmax(x, y):
+        y.copy_(torch.softmax(x.float(), -1).to(y.dtype))
+
+    def torch_matmul(a, b, c):
+        c.copy_(a @ b)
+    for name, fn, what in (("softmax_kernel", torch_softmax, "softmax on `x`"),
+                           ("matmul_kernel", torch_matmul, "matmul on `a`")):
+        r = grade(name, fn, seed=5)
+        assert not r.passed, str(r)
+        text = str(r)
+        assert "no Triton kernel was launched" in text and what in text, text

@@ -21,6 +21,7 @@ from ... import device
 from ... import reference as R
 from ...bounds import causal_tile_ranges
 from .. import kernel_bugs as KB
+from .. import launches
 from ..core import Bug, Case, Exercise
 from ..memory import SENTINEL, output_buffer, padded, stray_writes, unwritten
 from . import register
@@ -133,10 +134,11 @@ def _softmax_buffers(case):
 def _softmax_run(f, case):
     x = _softmax_buffers(case)
     y = output_2d("y", x.view.shape, x.view.dtype, case.params["x"])
-    f(x.view, y.view)
+    with launches.watch({"x": x.flat, "y": y.flat}) as w:
+        f(x.view, y.view)
     _sync()
     return {"y": _f64(y.view), "_stray": _strays({"x": x}, {"y": y}, case),
-            "_unwritten": {"y": unwritten(y).cpu().numpy()}}
+            "_unwritten": {"y": unwritten(y).cpu().numpy()}, "_violations": w.violations(["y"])}
 
 
 def softmax_rows(x: np.ndarray, extra_zeros: int = 0, subtract_max: bool = True, dtype=np.float64):
@@ -228,10 +230,11 @@ def _matmul_run(f, case):
     ins = _matmul_buffers(case)
     a, b = ins["a"].view, ins["b"].view
     c = output_2d("c", (a.shape[0], b.shape[1]), a.dtype)
-    f(a, b, c.view)
+    with launches.watch({"a": ins["a"].flat, "b": ins["b"].flat, "c": c.flat}) as w:
+        f(a, b, c.view)
     _sync()
     return {"c": _f64(c.view), "_stray": _strays(ins, {"c": c}, case),
-            "_unwritten": {"c": unwritten(c).cpu().numpy()}}
+            "_unwritten": {"c": unwritten(c).cpu().numpy()}, "_violations": w.violations(["c"])}
 
 
 def _matmul_ref(case):
@@ -404,13 +407,15 @@ def _fwd_run(f, case, v_override=None):
     o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
                   p.get("layout", "BHND"), SENTINEL[q.dtype])
     lse = output_buffer("lse", q.shape[:3], torch.float32, q.device, row_dim=-1)
-    f(q, ins["k"].view, ins["v"].view, o.view, lse.view, p["causal"])
+    with launches.watch({**{n: b.flat for n, b in ins.items()}, "o": o.flat, "lse": lse.flat}) as w:
+        f(q, ins["k"].view, ins["v"].view, o.view, lse.view, p["causal"])
     _sync()
     strays = [s for s in (stray_writes(o), stray_writes(lse)) if s]
     if v_override is None:
         strays += _input_strays(ins, case)
     return {"o": _f64(o.view), "lse": _f64(lse.view), "_stray": [str(s) for s in strays],
-            "_unwritten": {"o": unwritten(o).cpu().numpy(), "lse": unwritten(lse).cpu().numpy()}}
+            "_unwritten": {"o": unwritten(o).cpu().numpy(), "lse": unwritten(lse).cpu().numpy()},
+            "_violations": w.violations(["o", "lse"])}
 
 
 def _fwd_probe(f, case):

@@ -13,6 +13,7 @@ import torch
 from ... import device
 from ... import reference as R
 from .. import bugs_backward as BB
+from .. import launches
 from ..core import Bug, Case, Exercise
 from ..memory import Padded, output_buffer, padded, stray_writes, unwritten
 from . import register
@@ -120,13 +121,15 @@ def _bwd_run(f, case):
     ins["do"] = _bwd_do_buffer(case)
     outs = {n: output_buffer(n, case.inputs[src].shape, case.inputs[src].dtype, device.DEVICE)
             for n, src in (("dq", "q"), ("dk", "k"), ("dv", "v"))}
-    f(ins["q"].view, ins["k"].view, ins["v"].view, ins["o"].view, ins["lse"].view, ins["do"].view,
-      outs["dq"].view, outs["dk"].view, outs["dv"].view, p["causal"])
+    with launches.watch({n: b.flat for n, b in {**ins, **outs}.items()}) as w:
+        f(ins["q"].view, ins["k"].view, ins["v"].view, ins["o"].view, ins["lse"].view, ins["do"].view,
+          outs["dq"].view, outs["dk"].view, outs["dv"].view, p["causal"])
     _sync()
     strays = [s for s in (stray_writes(b) for b in outs.values()) if s] + _input_strays(ins, case)
     res = {n: _f64(b.view) for n, b in outs.items()}
     res["_stray"] = [str(s) for s in strays]
     res["_unwritten"] = {n: unwritten(b).cpu().numpy() for n, b in outs.items()}
+    res["_violations"] = w.violations(["dq", "dk", "dv"])
     for n in ("dq", "dk", "dv"):      # what was never written is NaN, not the sentinel, for the diagnosis
         res[n][res["_unwritten"][n]] = np.nan
     return res
