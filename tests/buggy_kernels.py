@@ -83,14 +83,17 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
 
 def make_forward(BM=16, BN=16, rescale=True, mask_tail=True, mask_store=True, lse_base2=False, strict=False,
                  wild_store=False, ignore_bh=False, scale_fn=lambda d: 1.0 / math.sqrt(d), mask_scores=True,
-                 causal_keep=0, kv_q_strides=False):
+                 causal_keep=0, kv_q_strides=False, strides_from=None):
+    """``strides_from``: {tensor: other}, e.g. {"v": "k"}: v addressed with k's strides (a copy-pasted line)."""
     def flash_forward(q, k, v, o, lse, causal):
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
         grid = (triton.cdiv(Nq, BM), B * H)
-        _learner_fwd[grid](q, k, v, o, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-                           k.stride(2), v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1),
-                           o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2), H, Nq, Nk, scale_fn(D),
+        st = {n: t.stride()[:3] for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+        for target, source in (strides_from or {}).items():
+            st[target] = st[source]
+        _learner_fwd[grid](q, k, v, o, lse, *st["q"], *st["k"], *st["v"], *st["o"],
+                           lse.stride(0), lse.stride(1), lse.stride(2), H, Nq, Nk, scale_fn(D),
                            CAUSAL=causal, BM=BM, BN=BN, D=D, RESCALE=rescale, MASK_TAIL=mask_tail,
                            MASK_STORE=mask_store, LSE_BASE2=lse_base2, STRICT=strict, WILD_STORE=wild_store,
                            IGNORE_BH=ignore_bh, MASK_SCORES=mask_scores, CAUSAL_KEEP=causal_keep,

@@ -142,3 +142,13 @@ def test_the_fp32_tolerance_admits_the_algorithms_own_rounding():
         tol = _bwd_tol(case, n, ref[n])
         assert tol >= 2 * own[n]
         assert tol < 0.05 * max(1.0, float(np.abs(ref[n]).max()))   # still tight: a real bug is O(1) off
+
+
+@pytest.mark.parametrize("swap,title", [({"dv": "dk"}, "`dv` stored with `dk`'s strides"),
+                                        ({"dq": "q"}, "`dq` stored with `q`'s strides")])
+def test_a_gradient_stored_with_anothers_strides_fails_naming_both(swap, title):
+    """dV stored with dK's strides, dQ with Q's: the mixed cases lay each tensor out differently, so the
+    mix-up fails there, and the report names the two tensors."""
+    r = grade("flash_backward", make_backward(strides_from=swap), seed=4)
+    assert not r.passed
+    assert any(title in h for h in r.hints), str(r)

@@ -96,3 +96,16 @@ def test_attention_in_torch_copied_into_o_is_refused():
     r = grade("flash_forward", torch_forward, seed=1)
     assert not r.passed
     assert "no Triton kernel was launched" in str(r) and "Tensor.copy_ on `o`" in str(r), str(r)
+
+
+@pytest.mark.parametrize("swap,title", [({"v": "k"}, "`v` read with `k`'s strides"),
+                                        ({"o": "q"}, "`o` stored with `q`'s strides")])
+def test_a_stride_mix_up_between_same_shaped_tensors_fails_naming_both(swap, title):
+    """Same-shaped tensors get different layouts in some cases, so V read with K's strides, or O stored
+    with Q's, is wrong there (outside the grader one (B, N, H, D) view among contiguous tensors is enough),
+    and the report names the two tensors."""
+    r = grade("flash_forward", make_forward(strides_from=swap), seed=3)
+    assert not r.passed
+    assert any(title in h for h in r.hints), str(r)
+    failing = [c for c in r.cases if not c.passed]
+    assert any("(H, B, N, D)" in c.params or "(B, N, H, D)" in c.params or "D + 8" in c.params for c in failing)

@@ -288,13 +288,42 @@ _TORCH_DTYPES = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfl
 
 
 class KernelCase(Case):
-    """A flash_forward / flash_backward case: says when the tensors are transposed views."""
+    """A flash_forward / flash_backward case: names every tensor not in the plain layout (each is a view
+    into a padded buffer; see LAYOUTS)."""
 
     def describe(self) -> str:
         text = super().describe()
-        if self.params.get("layout") == "BNHD":
-            text += ", (B, N, H, D) views"
+        lay = layouts_of(self)
+        odd = [f"{n} {LAYOUT_WORDS[l]}" for n, l in lay.items() if l != "BHND"]
+        if odd:
+            text += ", " + ", ".join(odd)
         return text
+
+
+# How a (B, H, N, D) tensor lies in its padded buffer.  Same-shaped tensors get different layouts in the
+# "mixed" cases, so that a kernel addressing one with another's strides reads or writes the wrong places.
+LAYOUTS = ("BHND", "BNHD", "HBND", "BHND+D")
+LAYOUT_WORDS = {"BHND": "(B, H, N, D)", "BNHD": "a (B, N, H, D) view", "HBND": "an (H, B, N, D) buffer",
+                "BHND+D": "rows padded to D + 8"}
+MIXED = {   # tensor -> layout, per mixed case kind
+    "mixed1": {"q": "BNHD", "k": "HBND", "v": "BHND+D", "o": "BHND", "do": "HBND", "dq": "BHND+D",
+               "dk": "BNHD", "dv": "BHND"},
+    "mixed2": {"q": "BHND+D", "k": "BHND", "v": "BNHD", "o": "HBND", "do": "BNHD", "dq": "HBND",
+               "dk": "BHND+D", "dv": "BNHD"},
+}
+
+
+def layouts_of(case) -> dict:
+    """Tensor name -> layout for a kernel case."""
+    p = case.params
+    kind = p.get("layout", "BHND")
+    names = ["q", "k", "v", "o"] + (["do", "dq", "dk", "dv"] if "do" in case.inputs else [])
+    if kind in MIXED:
+        return {n: MIXED[kind][n] for n in names}
+    out = {n: kind for n in names}
+    if p.get("dO layout") == "bnhd":
+        out["do"] = "BNHD"
+    return out
 
 
 def _kernel_cases(rng, backward=False):
@@ -322,6 +351,8 @@ def _kernel_cases(rng, backward=False):
             (1, 2, 40, 33, 16, True, "fp32", None, "BHND"),    # Nk = 32 + 1, causal with Nq > Nk
             (1, 1, 17, 17, 16, False, "fp16", None, "BNHD"),   # Nk = 16 + 1
             (1, 2, 45, 45, 32, True, "fp32", 1000.0, "BHND"),  # |S| ~ 1000
+            (2, 2, 40, 40, 16, False, "fp32", None, "mixed1"),  # q, k, v, o each in its own layout
+            (1, 2, 33, 47, 16, True, "fp16", None, "mixed2"),   # another assignment, Nq != Nk
         ]
         if device.DEVICE.type == "cuda":
             extra += [(2, 8, 513, 129, 128, False, "fp16", None, "BNHD"),
@@ -378,16 +409,29 @@ def _sync():
 
 
 def _guard_4d(name, values, layout="BHND", fill=None):
-    """A poisoned buffer for a (B, H, N, D) tensor; layout "BNHD": the buffer is (B, N + 8, H, D) and the
-    view its transpose, as when a model's (B, N, H, D) activations are passed as q.transpose(1, 2)."""
-    if layout != "BNHD":
-        return padded(name, values, fill)
-    buf = padded(name, values.transpose(1, 2), fill, row_dim=1)
-    return dataclasses.replace(buf, view=buf.view.transpose(1, 2))
+    """A poisoned buffer for a (B, H, N, D) tensor laid out as ``layout`` (LAYOUTS): "BHND" rows padded
+    (N + 8 per (batch, head)); "BNHD": a (B, N + 8, H, D) buffer seen transposed, as a model's activations
+    passed as q.transpose(1, 2); "HBND": an (H, B, N + 8, D) buffer seen permuted (stride_b < stride_h);
+    "BHND+D": (B, H, N + 8, D + 8), each row padded too (stride_n = D + 8)."""
+    if layout == "BNHD":
+        buf = padded(name, values.transpose(1, 2), fill, row_dim=1)
+        return dataclasses.replace(buf, view=buf.view.transpose(1, 2))
+    if layout == "HBND":
+        buf = padded(name, values.transpose(0, 1), fill)
+        return dataclasses.replace(buf, view=buf.view.transpose(0, 1))
+    if layout == "BHND+D":
+        b, h, n, d = values.shape
+        fill_v = float("nan") if fill is None else fill
+        wide = torch.full((b, h, n, d + 8), fill_v, dtype=values.dtype, device=values.device)
+        wide[..., :d] = values
+        buf = padded(name, wide, fill)
+        return dataclasses.replace(buf, view=buf.view[..., :d])
+    return padded(name, values, fill)
 
 
 def _guard_inputs(case, names):
-    return {n: _guard_4d(n, case.inputs[n], case.params.get("layout", "BHND")) for n in names}
+    lay = layouts_of(case)
+    return {n: _guard_4d(n, case.inputs[n], lay.get(n, "BHND")) for n in names}
 
 
 def _input_strays(bufs, case):
@@ -405,7 +449,7 @@ def _fwd_run(f, case, v_override=None):
         ins["v"].view.copy_(v_override)
     q = ins["q"].view
     o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
-                  p.get("layout", "BHND"), SENTINEL[q.dtype])
+                  layouts_of(case)["o"], SENTINEL[q.dtype])
     lse = output_buffer("lse", q.shape[:3], torch.float32, q.device, row_dim=-1)
     with launches.watch({**{n: b.flat for n, b in ins.items()}, "o": o.flat, "lse": lse.flat}) as w:
         f(q, ins["k"].view, ins["v"].view, o.view, lse.view, p["causal"])
@@ -441,15 +485,63 @@ def _fwd_wrong_stride(case):
     k, v = (KB.read_with_strides(ins[n], q.stride()) for n in "kv")
     if k is None or v is None or q.stride() == ins["k"].view.stride():
         return None
-    qn = _f64(case.inputs["q"])
+    return _fwd_from(case, _f64(case.inputs["q"]), k, v)
+
+
+def _fwd_from(case, q, k, v):
     p = case.params
     s = 1.0 / math.sqrt(p["D"])
-    o, lse = np.empty(qn.shape), np.empty(qn.shape[:3])
+    o, lse = np.empty(q.shape), np.empty(q.shape[:3])
     with np.errstate(all="ignore"):
         for b in range(p["B"]):
             for h in range(p["H"]):
-                o[b, h], lse[b, h] = R.attention_naive(qn[b, h], k[b, h], v[b, h], p["causal"], s)
+                o[b, h], lse[b, h] = R.attention_naive(q[b, h], k[b, h], v[b, h], p["causal"], s)
     return {"o": o, "lse": lse}
+
+
+def _read_with(case, target, source):
+    """``target`` read with ``source``'s strides (both inputs), the others right."""
+    ins = _guard_inputs(case, "qkv")
+    if ins[target].view.stride() == ins[source].view.stride():
+        return None
+    bad = KB.read_with_strides(ins[target], ins[source].view.stride())
+    if bad is None:
+        return None
+    t = {n: (bad if n == target else _f64(case.inputs[n])) for n in "qkv"}
+    return _fwd_from(case, t["q"], t["k"], t["v"])
+
+
+def _o_stored_with(case, source):
+    """O stored with ``source``'s strides from o's base pointer: what o then holds (sentinel where not written)."""
+    ins = _guard_inputs(case, "qkv")
+    q = ins["q"].view
+    o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
+                  layouts_of(case)["o"], SENTINEL[q.dtype])
+    strides = ins[source].view.stride()
+    if strides == o.view.stride():
+        return None
+    ref = _fwd_ref(case)
+    start = (o.view.data_ptr() - o.flat.data_ptr()) // o.view.element_size()
+    hi = start + sum((n - 1) * st for n, st in zip(o.view.shape, strides))
+    if hi >= o.flat.numel():
+        return None
+    torch.as_strided(o.flat, o.view.shape, strides, start).copy_(torch.from_numpy(ref["o"]).to(o.flat.dtype))
+    return {"o": _f64(o.view), "lse": ref["lse"]}
+
+
+def _stride_pair_bugs():
+    """One known bug per pair of same-shaped tensors: read (or stored) with the other's strides."""
+    out = []
+    for target, source in (("v", "k"), ("k", "v"), ("k", "q"), ("v", "q"), ("q", "k")):
+        out.append(Bug(f"strides_{target}_{source}", f"`{target}` read with `{source}`'s strides",
+                       f"each tensor has its own strides (the grader lays out q, k, v, o differently): address "
+                       f"`{target}` with {target}.stride(...), not with {source}'s.",
+                       (lambda t, s: lambda case: _read_with(case, t, s))(target, source)))
+    for source in ("q", "k", "v"):
+        out.append(Bug(f"strides_o_{source}", f"`o` stored with `{source}`'s strides",
+                       f"each tensor has its own strides: store O with o.stride(...), not with {source}'s.",
+                       (lambda s: lambda case: _o_stored_with(case, s))(source)))
+    return out
 
 
 def _fwd_kernel_bugs():
@@ -462,7 +554,7 @@ def _fwd_kernel_bugs():
         return outputs
     return [Bug(*KB.CAUSAL_REVERSED, tiled(KB.causal_wrong_side("reversed"))),
             Bug(*KB.CAUSAL_INVERTED, tiled(KB.causal_wrong_side("inverted"))),
-            Bug(*KB.WRONG_STRIDE, _fwd_wrong_stride)]
+            Bug(*KB.WRONG_STRIDE, _fwd_wrong_stride)] + _stride_pair_bugs()
 
 
 def _kernel_tol(case, name, ref):
