@@ -294,9 +294,10 @@ class Grader:
     def _run_notebook(self, slot, data: bytes, selftest: bool = False) -> dict:
         """Run ``data`` (a notebook) in a sandbox, serving its grade() calls until it ends."""
         start = time.monotonic()
+        timeout = SELFTEST_TIMEOUT if selftest else self.cfg.timeout   # (a short --timeout is for students)
         d, cmd, cwd, env, listener, log = self._prepare(
-            slot, data, ["{ctl}/submission.ipynb", str(self.cfg.timeout), iso.KERNEL_NAME])
-        run = _Run(start + (min(self.cfg.timeout, SELFTEST_TIMEOUT) if selftest else self.cfg.timeout))
+            slot, data, ["{ctl}/submission.ipynb", str(timeout), iso.KERNEL_NAME])
+        run = _Run(start + timeout)
         run.selftest = selftest
         proc = None
         try:

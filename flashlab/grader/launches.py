@@ -8,7 +8,10 @@ must only read its metadata (shape, strides, dtype, pointer), take views of it, 
 like it; anything else (arithmetic, ``softmax``, ``@``, ``copy_`` into an output, ``.numpy()``) is
 named in the report.  Triton launches are counted by wrapping the interpreter's grid executor
 and the compiled ``JITFunction.run``; while one runs, Triton's own torch calls are not the
-candidate's.  A candidate that launches no kernel at all is told so.
+candidate's.  A candidate that launches no kernel at all is told so.  In the interpreter, every
+masked-on lane of every ``tl.load`` is checked against the grader's padding: a load past a
+tensor's edge is reported even when its values are discarded (Q loaded without its row mask,
+whose rows past Nq are never stored).
 
 Like the other checks that run inside the learner's process, under batch grading this is the
 sandbox's account: a notebook that switches it off loses only this check (its values are still
@@ -40,11 +43,31 @@ class KernelWatch(TorchFunctionMode):
     def __init__(self, tensors: dict):
         super().__init__()
         self.storages = {}
+        self.pads = []                   # (name, first address, element size, padding mask over the allocation)
         for name, t in tensors.items():
-            self.storages.setdefault(t.untyped_storage().data_ptr(), name)
+            flat = getattr(t, "flat", t)
+            self.storages.setdefault(flat.untyped_storage().data_ptr(), name)
+            if hasattr(t, "padding_mask") and flat.device.type == "cpu":
+                self.pads.append((name, flat.data_ptr(), flat.element_size(), t.padding_mask().numpy()))
         self.launches = 0
         self.inside = 0
         self.ops = []                    # (function name, tensor name), outside launches
+        self.padding_reads = {}          # tensor name -> elements of its padding a load read (masked-on lanes)
+
+    def loaded(self, addresses) -> None:
+        """The interpreter loads from these addresses (the lanes its mask lets through)."""
+        import numpy as np
+        addr = np.asarray(addresses, dtype=np.uint64).ravel()
+        if not addr.size:
+            return
+        for name, base, size, pad in self.pads:
+            end = base + size * pad.size
+            inside = addr[(addr >= base) & (addr < end)]
+            if inside.size:
+                idx = ((inside - base) // size).astype(np.int64)
+                n = int(pad[idx].sum())
+                if n:
+                    self.padding_reads[name] = self.padding_reads.get(name, 0) + n
 
     def _hit(self, x, depth=0):
         if isinstance(x, torch.Tensor):
@@ -70,6 +93,11 @@ class KernelWatch(TorchFunctionMode):
 
     def violations(self, outputs) -> list:
         out = []
+        for name, n in self.padding_reads.items():
+            out.append(f"a load read {n} element(s) past the edges of `{name}` (the grader's padding around it), "
+                       f"even if those values were then discarded: on a GPU such a read can fault or read another "
+                       f"tensor's memory. Mask every tl.load with the bounds of the tensor it reads (offs < N, "
+                       f"other=0), rows and columns alike.")
         if not self.launches:
             out.append("no Triton kernel was launched: the exercise asks for a kernel (kernel[grid](...)) that "
                        f"writes {_names(outputs)}; computing the outputs with torch or NumPy is not the exercise.")
@@ -118,6 +146,25 @@ def _wrap_launchers(watch_stack):
         targets.append((JITFunction, "run"))
     except Exception:  # pragma: no cover
         pass
+    try:                                         # loads, in the interpreter: which addresses they read
+        from triton.runtime import interpreter
+        builder = interpreter.InterpreterBuilder
+        orig_load = builder.create_masked_load
+
+        def masked_load(self, ptrs, mask, other, *a, __orig=orig_load, **k):
+            w = watch_stack[-1] if watch_stack else None
+            if w is not None and w.pads:
+                try:
+                    import numpy as np
+                    m = np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data))
+                    w.loaded(np.asarray(ptrs.data)[m])
+                except Exception:                # pragma: no cover - a layout of handles not seen here
+                    pass
+            return __orig(self, ptrs, mask, other, *a, **k)
+        builder.create_masked_load = masked_load
+        _PATCHED.append((builder, "create_masked_load", orig_load))
+    except Exception:  # pragma: no cover - no interpreter
+        pass
     for cls, attr in targets:
         orig = getattr(cls, attr)
 
@@ -140,7 +187,8 @@ _STACK: list = []
 
 @contextmanager
 def watch(tensors: dict):
-    """``with watch({"x": x_flat, ...}) as w: candidate(...)``; then ``w.violations(outputs)``."""
+    """``with watch({"x": x_padded, ...}) as w: candidate(...)``; then ``w.violations(outputs)``.  The values are
+    the grader's Padded buffers (or plain tensors: then only the torch and launch checks)."""
     _wrap_launchers(_STACK)
     w = KernelWatch(tensors)
     _STACK.append(w)

@@ -127,7 +127,7 @@ def _bwd_run(f, case):
     if "o" not in case.inputs:
         case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
     ins, outs = _bwd_buffers(case)
-    with launches.watch({n: b.flat for n, b in {**ins, **outs}.items()}) as w:
+    with launches.watch({**ins, **outs}) as w:
         f(ins["q"].view, ins["k"].view, ins["v"].view, ins["o"].view, ins["lse"].view, ins["do"].view,
           outs["dq"].view, outs["dk"].view, outs["dv"].view, p["causal"])
     _sync()
