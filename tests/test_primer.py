@@ -124,3 +124,28 @@ def test_torch_math_handed_in_is_refused():
         assert not r.passed, str(r)
         text = str(r)
         assert "no Triton kernel was launched" in text and what in text, text
+
+
+@pytest.mark.parametrize("BK", [16, 64])
+def test_an_fp16_accumulator_fails_the_accumulation_case(BK):
+    """The contract asks for float32 accumulation; the positive-entries case with K = 2048 exposes an fp16
+    accumulator (its rounding per chunk exceeds the tolerance, which float32 accumulation provably meets)."""
+    r = grade("matmul_kernel", make_matmul(BK=BK, acc_fp16=True), seed=6)
+    assert not r.passed
+    assert any("accumulator in fp16" in h for h in r.hints), str(r)
+    assert [c for c in r.cases if not c.passed and "fp32 accumulation" in c.params]
+
+
+def test_the_accumulation_case_separates_fp32_from_fp16_accumulation():
+    """On fresh draws: float32 accumulation is within the case's tolerance, an fp16 accumulator (any
+    BLOCK_K up to 256) is not."""
+    from flashlab.grader.exercises import EXERCISES
+    ex = EXERCISES["matmul_kernel"]
+    fp16_acc = next(b for b in ex.bugs if b.key == "fp16_accumulator")
+    for seed in range(5):
+        case = next(c for c in ex.make_cases(np.random.default_rng(seed)) if "check" in c.params)
+        ref = ex.reference(case)["c"]
+        tol = ex.tolerance(case, "c", ref)
+        a, b = (case.inputs[n].float().numpy() for n in "ab")
+        assert np.abs((a @ b).astype(np.float16).astype(np.float64) - ref).max() < tol
+        assert all(np.abs(alt["c"] - ref).max() > tol for alt in fp16_acc.outputs(case))

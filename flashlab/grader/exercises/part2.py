@@ -43,6 +43,8 @@ class MatrixCase(Case):
         bits += [f"{k} transposed" for k in ("x", "a", "b") if p.get(k) == "transposed"]
         if self.large:
             bits.append("|x| ~ 1e4")
+        if "check" in p:
+            bits.append(p["check"])
         return ", ".join(bits)
 
 
@@ -207,6 +209,7 @@ def _matmul_cases(rng):
         (20, 20, 7, "fp32", "transposed", "transposed", False),  # K shorter than a block
         (24, 40, 1, "fp32", "rows", "rows", False),           # K = 1: one partial block
         (1, 1, 1, "fp32", "rows", "rows", False),
+        (16, 24, FP32_ACC_K, "fp16", "rows", "rows", False),   # positive entries: checks fp32 accumulation
     ]
     if device.DEVICE.type == "cuda":
         spec += [(1000, 1000, 1000, "fp16", "rows", "rows", False),
@@ -215,10 +218,24 @@ def _matmul_cases(rng):
     cases = []
     for m, n, k, dt, la, lb, vis in spec:
         dtype = _DTYPES[dt]
-        a = torch.from_numpy(rng.standard_normal((m, k))).to(device=device.DEVICE, dtype=dtype)
-        b = torch.from_numpy(rng.standard_normal((k, n))).to(device=device.DEVICE, dtype=dtype)
-        cases.append(MatrixCase({"M": m, "N": n, "K": k, "dtype": dt, "a": la, "b": lb}, {"a": a, "b": b}, vis))
+        params = {"M": m, "N": n, "K": k, "dtype": dt, "a": la, "b": lb}
+        if k == FP32_ACC_K:
+            params["check"] = "positive entries (fp32 accumulation)"
+            a, b = rng.uniform(0.5, 1.5, (m, k)), rng.uniform(0.5, 1.5, (k, n))
+        else:
+            a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+        a, b = (torch.from_numpy(x).to(device=device.DEVICE, dtype=dtype) for x in (a, b))
+        cases.append(MatrixCase(params, {"a": a, "b": b}, vis))
     return cases
+
+
+# The fp32-accumulation case: fp16 inputs, K = 2048 entries in [0.5, 1.5], so |C| ~ 2100.  Accumulating in
+# float32 and rounding once at the store is off by at most 2^-11 |C| (the rounding) + K 2^-24 sum|a||b|
+# (the sums) <= 6.1e-4 max|C|; its tolerance is 8e-4 max|C|.  An fp16 accumulator rounds after every
+# BLOCK_K chunk, at a spacing of 1-2 near |C| ~ 1000-2100: 1.0e-3 to 5e-3 max|C| for BLOCK_K 16 to 256
+# (tests/test_primer.py checks it on fresh draws).
+FP32_ACC_K = 2048
+FP32_ACC_REL = 8e-4
 
 
 def _matmul_buffers(case):
@@ -243,6 +260,8 @@ def _matmul_ref(case):
 
 def _matmul_tol_rel(case):
     dt = case.params["dtype"]
+    if "check" in case.params:
+        return FP32_ACC_REL
     if dt == "fp32":
         return 1e-5 if device.INTERPRET else 5e-3     # on a GPU, tl.dot on fp32 may use TF32
     return {"fp16": 1e-2, "bf16": 4e-2}[dt]
@@ -262,7 +281,23 @@ def _matmul_bugs():
         with np.errstate(all="ignore"):
             return {"c": a @ b}
 
+    def fp16_accumulator(case):
+        if case.params["dtype"] != "fp16":
+            return None
+        a, b = (case.inputs[n].float().cpu().numpy() for n in "ab")
+        alts = []
+        for bk in (16, 32, 64, 128, 256):
+            acc = np.zeros((a.shape[0], b.shape[1]), np.float16)
+            for k0 in range(0, a.shape[1], bk):
+                acc = (acc.astype(np.float32) + a[:, k0:k0 + bk] @ b[k0:k0 + bk]).astype(np.float16)
+            alts.append({"c": acc.astype(np.float64)})
+        return alts
+
     return [
+        Bug("fp16_accumulator", "accumulator in fp16",
+            "with fp16 inputs the accumulator must still be float32 (acc = tl.zeros(..., dtype=tl.float32), "
+            "acc = tl.dot(a, b, acc)), cast to C's dtype once, at the store: an fp16 accumulator rounds after "
+            "every BLOCK_K chunk, and with |C| in the thousands its spacing is 1 or 2.", fp16_accumulator),
         Bug("k_tail_dropped", "K tail dropped",
             "the loop over K must cover cdiv(K, BLOCK_K) blocks, the last one masked "
             "(offs_k < K, other=0.0), so the tail's products are added.", k_tail_dropped),
