@@ -99,7 +99,7 @@ def test_attention_in_torch_copied_into_o_is_refused():
         lse.copy_(torch.logsumexp(l[..., None], -1))
     r = grade("flash_forward", torch_forward, seed=1)
     assert not r.passed
-    assert "no Triton kernel was launched" in str(r) and "Tensor.copy_ on `o`" in str(r), str(r)
+    assert "no Triton kernel was launched" in str(r) and "on `q`" in str(r), str(r)
 
 
 @pytest.mark.parametrize("swap,title", [({"v": "k"}, "`v` read with `k`'s strides"),

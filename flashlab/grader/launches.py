@@ -40,13 +40,14 @@ ALLOWED = {
 
 
 class KernelWatch(TorchFunctionMode):
-    def __init__(self, tensors: dict):
+    def __init__(self, tensors: dict, outputs=()):
         super().__init__()
-        self.storages = {}
+        self.storages = {}               # the inputs' storages: torch math on them is the candidate's, not a kernel's
         self.pads = []                   # (name, first address, element size, padding mask over the allocation)
         for name, t in tensors.items():
             flat = getattr(t, "flat", t)
-            self.storages.setdefault(flat.untyped_storage().data_ptr(), name)
+            if name not in outputs:      # (an output may be finished by torch from a kernel's scratch: dq = s * acc)
+                self.storages.setdefault(flat.untyped_storage().data_ptr(), name)
             if hasattr(t, "padding_mask") and flat.device.type == "cpu":
                 self.pads.append((name, flat.data_ptr(), flat.element_size(), t.padding_mask().numpy()))
         self.launches = 0
@@ -107,9 +108,9 @@ class KernelWatch(TorchFunctionMode):
                 if (fn, t) not in seen:
                     seen.append((fn, t))
             said = ", ".join(f"{fn} on `{t}`" for fn, t in seen[:4])
-            out.append(f"your host code computes with torch on the grader's tensors outside a Triton kernel "
-                       f"({said}): the kernel must read the inputs and write {_names(outputs)} itself; host code "
-                       f"may only read shapes and strides, allocate scratch buffers and launch kernels.")
+            out.append(f"your host code computes with torch on the inputs outside a Triton kernel ({said}): the "
+                       f"kernel must read the inputs and compute {_names(outputs)} itself; host code may only read "
+                       f"shapes and strides, allocate scratch buffers and launch kernels.")
         return out
 
 
@@ -186,11 +187,11 @@ _STACK: list = []
 
 
 @contextmanager
-def watch(tensors: dict):
+def watch(tensors: dict, outputs=()):
     """``with watch({"x": x_padded, ...}) as w: candidate(...)``; then ``w.violations(outputs)``.  The values are
     the grader's Padded buffers (or plain tensors: then only the torch and launch checks)."""
     _wrap_launchers(_STACK)
-    w = KernelWatch(tensors)
+    w = KernelWatch(tensors, outputs)
     _STACK.append(w)
     try:
         with w:

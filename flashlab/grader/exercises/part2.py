@@ -136,7 +136,7 @@ def _softmax_buffers(case):
 def _softmax_run(f, case):
     x = _softmax_buffers(case)
     y = output_2d("y", x.view.shape, x.view.dtype, case.params["x"])
-    with launches.watch({"x": x, "y": y}) as w:
+    with launches.watch({"x": x, "y": y}, outputs=("y",)) as w:
         f(x.view, y.view)
     _sync()
     return {"y": _f64(y.view), "_stray": _strays({"x": x}, {"y": y}, case),
@@ -247,7 +247,7 @@ def _matmul_run(f, case):
     ins = _matmul_buffers(case)
     a, b = ins["a"].view, ins["b"].view
     c = output_2d("c", (a.shape[0], b.shape[1]), a.dtype)
-    with launches.watch({**ins, "c": c}) as w:
+    with launches.watch({**ins, "c": c}, outputs=("c",)) as w:
         f(a, b, c.view)
     _sync()
     return {"c": _f64(c.view), "_stray": _strays(ins, {"c": c}, case),
@@ -486,7 +486,7 @@ def _fwd_run(f, case, v_override=None):
     o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
                   layouts_of(case)["o"], SENTINEL[q.dtype])
     lse = output_buffer("lse", q.shape[:3], torch.float32, q.device, row_dim=-1)
-    with launches.watch({**ins, "o": o, "lse": lse}) as w:
+    with launches.watch({**ins, "o": o, "lse": lse}, outputs=("o", "lse")) as w:
         f(q, ins["k"].view, ins["v"].view, o.view, lse.view, p["causal"])
     _sync()
     strays = [s for s in (stray_writes(o), stray_writes(lse)) if s]

@@ -127,7 +127,7 @@ def _bwd_run(f, case):
     if "o" not in case.inputs:
         case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
     ins, outs = _bwd_buffers(case)
-    with launches.watch({**ins, **outs}) as w:
+    with launches.watch({**ins, **outs}, outputs=tuple(outs)) as w:
         f(ins["q"].view, ins["k"].view, ins["v"].view, ins["o"].view, ins["lse"].view, ins["do"].view,
           outs["dq"].view, outs["dk"].view, outs["dv"].view, p["causal"])
     _sync()
@@ -189,7 +189,7 @@ def _bwd_bugs():
 def _bwd_read_with(case, target, source):
     """The gradients when the kernels read ``target`` with ``source``'s strides (the rest right)."""
     ins, _ = _bwd_buffers(case)
-    if ins[target].view.stride() == ins[source].view.stride():
+    if ins[target].view.stride() == ins[source].view.stride() or ins[target].view.shape != ins[source].view.shape:
         return None
     bad = KB.read_with_strides(ins[target], ins[source].view.stride())
     if bad is None:
@@ -224,19 +224,23 @@ def _bwd_stored_with(case, target, source):
     return {**ref, target: got}
 
 
+def _as_list(alt):
+    return None if alt is None else [alt]
+
+
 def _bwd_stride_bugs():
     """A tensor addressed with another same-shaped tensor's strides, named by both."""
     out = []
-    for target, source in (("v", "k"), ("k", "v"), ("do", "q"), ("q", "do")):
+    for target, source in (("v", "k"), ("k", "v"), ("do", "o"), ("do", "q"), ("q", "do")):
         out.append(Bug(f"bwd_strides_{target}_{source}", f"`{target}` read with `{source}`'s strides",
                        f"each tensor has its own strides (the grader lays them out differently): address `{target}` "
                        f"with {target}.stride(...), not with {source}'s.",
-                       (lambda t, s: lambda case: _bwd_read_with(case, t, s))(target, source)))
+                       (lambda t, s: lambda case: _as_list(_bwd_read_with(case, t, s)))(target, source)))
     for target, source in (("dv", "dk"), ("dk", "dv"), ("dq", "q"), ("dk", "k"), ("dv", "v")):
         out.append(Bug(f"bwd_strides_{target}_{source}", f"`{target}` stored with `{source}`'s strides",
                        f"each tensor has its own strides: store {target[1:].upper()} with {target}.stride(...), "
                        f"not with {source}'s.",
-                       (lambda t, s: lambda case: _bwd_stored_with(case, t, s))(target, source)))
+                       (lambda t, s: lambda case: _as_list(_bwd_stored_with(case, t, s)))(target, source)))
     return out
 
 
