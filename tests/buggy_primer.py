@@ -24,10 +24,11 @@ def _softmax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr, OTHER_ZERO: tl.co
     tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=mask)
 
 
-def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=1):
+def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=1, y_strides_from_x=False):
     def softmax(x, y):
         M, N = x.shape
-        _softmax[(M,)](x, y, N, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+        ys = x.stride() if y_strides_from_x else y.stride()
+        _softmax[(M,)](x, y, N, x.stride(0), x.stride(1), ys[0], ys[1],
                        BLOCK=block_factor * triton.next_power_of_2(N), OTHER_ZERO=other_zero, NO_MAX=no_max,
                        CONTIGUOUS=contiguous)
     return softmax

@@ -149,3 +149,11 @@ def test_the_accumulation_case_separates_fp32_from_fp16_accumulation():
         a, b = (case.inputs[n].float().numpy() for n in "ab")
         assert np.abs((a @ b).astype(np.float16).astype(np.float64) - ref).max() < tol
         assert all(np.abs(alt["c"] - ref).max() > tol for alt in fp16_acc.outputs(case))
+
+
+def test_y_stored_with_xs_strides_fails_naming_both():
+    """Some cases lay y out unlike x, so a kernel storing y with x's strides fails there, named."""
+    r = grade("softmax_kernel", make_softmax(y_strides_from_x=True), seed=7)
+    assert not r.passed
+    assert any("`y` stored with `x`'s strides" in h for h in r.hints), str(r)
+    assert any("y transposed" in c.params or "x transposed" in c.params for c in r.cases if not c.passed)

@@ -40,7 +40,7 @@ class MatrixCase(Case):
     def describe(self) -> str:
         p = self.params
         bits = [f"{k}={p[k]}" for k in ("M", "N", "K") if k in p] + [p["dtype"]]
-        bits += [f"{k} transposed" for k in ("x", "a", "b") if p.get(k) == "transposed"]
+        bits += [f"{k} transposed" for k in ("x", "y", "a", "b") if p.get(k) == "transposed"]
         if self.large:
             bits.append("|x| ~ 1e4")
         if "check" in p:
@@ -123,9 +123,12 @@ def _softmax_cases(rng):
         spec += [(512, 3000, "fp16", "rows", 3.0, False), (300, 1000, "bf16", "transposed", 3.0, False),
                  (1000, 4097, "fp32", "rows", 1e4, False)]
     cases = []
-    for m, n, dt, layout, mag, vis in spec:
+    for i, (m, n, dt, layout, mag, vis) in enumerate(spec):
         x = torch.from_numpy(mag * rng.standard_normal((m, n))).to(device=device.DEVICE, dtype=_DTYPES[dt])
-        cases.append(MatrixCase({"M": m, "N": n, "dtype": dt, "x": layout}, {"x": x}, vis, mag > 100))
+        params = {"M": m, "N": n, "dtype": dt, "x": layout}
+        if i in (2, 6):   # y laid out unlike x (y = a transposed view of its buffer, or x is): y with x's strides fails
+            params["y"] = "rows" if layout == "transposed" else "transposed"
+        cases.append(MatrixCase(params, {"x": x}, vis, mag > 100))
     return cases
 
 
@@ -135,7 +138,7 @@ def _softmax_buffers(case):
 
 def _softmax_run(f, case):
     x = _softmax_buffers(case)
-    y = output_2d("y", x.view.shape, x.view.dtype, case.params["x"])
+    y = output_2d("y", x.view.shape, x.view.dtype, case.params.get("y", case.params["x"]))
     with launches.watch({"x": x, "y": y}, outputs=("y",)) as w:
         f(x.view, y.view)
     _sync()
@@ -187,7 +190,24 @@ def _softmax_bugs():
         Bug("strides_ignored", "strides ignored (x read as if it were contiguous)",
             "x is a view: element (i, j) is at x_ptr + i * x.stride(0) + j * x.stride(1). Pass the strides "
             "to the kernel and use them, for y too.", strides_ignored),
+        Bug("y_strides_from_x", "`y` stored with `x`'s strides",
+            "x and y have their own strides (here one is a transposed view and the other is not): store with "
+            "y.stride(0) and y.stride(1).", lambda c: _y_stored_with_x_strides(c)),
     ]
+
+
+def _y_stored_with_x_strides(case):
+    """What y holds when the kernel stores it with x's strides (sentinel where it never wrote)."""
+    x = _softmax_buffers(case)
+    y = output_2d("y", x.view.shape, x.view.dtype, case.params.get("y", case.params["x"]))
+    if x.view.stride() == y.view.stride():
+        return None
+    start = (y.view.data_ptr() - y.flat.data_ptr()) // y.view.element_size()
+    if start + sum((n - 1) * st for n, st in zip(y.view.shape, x.view.stride())) >= y.flat.numel():
+        return None
+    ref = _softmax_ref(case)["y"]
+    torch.as_strided(y.flat, y.view.shape, x.view.stride(), start).copy_(torch.from_numpy(ref).to(y.flat.dtype))
+    return {"y": _f64(y.view)}
 
 
 def _softmax_locate(case, name, idx):
