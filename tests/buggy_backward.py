@@ -127,21 +127,28 @@ def _dq(Q, K, V, DO, L, Dl, DQ, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb
 
 
 def make_backward(BM=16, BN=32, no_delta=False, delta_from_p=False, delta_no_o=False, scale_dq=True,
-                  scale_dk=True, mask_dq=True, mask_dkdv=True, store_unseen=True, do_strides_from_o=False):
+                  scale_dk=True, mask_dq=True, mask_dkdv=True, store_unseen=True, do_strides_from_o=False,
+                  strides_from=None):
+    """``strides_from``: {tensor: other}, e.g. {"dv": "dk"}: dv addressed with dk's strides (a copy-pasted line)."""
     def flash_backward(q, k, v, o, lse, do, dq, dk, dv, causal):
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
         scale = 1.0 / math.sqrt(D)
-        dst = o.stride() if do_strides_from_o else do.stride()
+        st = {n: t.stride()[:3] for n, t in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do), ("dq", dq),
+                                              ("dk", dk), ("dv", dv))}
+        if do_strides_from_o:
+            st["do"] = st["o"]
+        for target, source in (strides_from or {}).items():
+            st[target] = st[source]
         delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
-        _delta[(triton.cdiv(Nq, 16), B * H)](o, do, delta, *o.stride()[:3], *dst[:3], H, Nq, BM=16, D=D,
+        _delta[(triton.cdiv(Nq, 16), B * H)](o, do, delta, *st["o"], *st["do"], H, Nq, BM=16, D=D,
                                              DELTA_NO_O=delta_no_o)
         common = dict(CAUSAL=causal, BM=BM, BN=BN, D=D, USE_DELTA=not no_delta, DELTA_FROM_P=delta_from_p)
         _dkdv[(triton.cdiv(Nk, BN), B * H)](
-            q, k, v, do, lse, delta, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dst[:3],
-            *dk.stride()[:3], *dv.stride()[:3], *lse.stride(), H, Nq, Nk, scale,
+            q, k, v, do, lse, delta, dk, dv, *st["q"], *st["k"], *st["v"], *st["do"],
+            *st["dk"], *st["dv"], *lse.stride(), H, Nq, Nk, scale,
             SCALE=scale_dk, MASK=mask_dkdv, STORE_UNSEEN=store_unseen, **common)
         _dq[(triton.cdiv(Nq, BM), B * H)](
-            q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *dst[:3],
-            *dq.stride()[:3], *lse.stride(), H, Nq, Nk, scale, SCALE=scale_dq, MASK=mask_dq, **common)
+            q, k, v, do, lse, delta, dq, *st["q"], *st["k"], *st["v"], *st["do"],
+            *st["dq"], *lse.stride(), H, Nq, Nk, scale, SCALE=scale_dq, MASK=mask_dq, **common)
     return flash_backward

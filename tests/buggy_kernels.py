@@ -17,7 +17,7 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
                  RESCALE: tl.constexpr, MASK_TAIL: tl.constexpr, MASK_STORE: tl.constexpr,
                  LSE_BASE2: tl.constexpr, STRICT: tl.constexpr, WILD_STORE: tl.constexpr,
                  IGNORE_BH: tl.constexpr, MASK_SCORES: tl.constexpr = True, CAUSAL_KEEP: tl.constexpr = 0,
-                 KV_Q_STRIDES: tl.constexpr = False):
+                 KV_Q_STRIDES: tl.constexpr = False, MASK_Q: tl.constexpr = True):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -30,7 +30,10 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
     d = tl.arange(0, D)
     if KV_Q_STRIDES:               # a copy-pasted pointer line: K and V offset with Q's strides
         skb, skh, skn, svb, svh, svn = sqb, sqh, sqm, sqb, sqh, sqm
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + d[None, :], mask=rows[:, None] < Nq, other=0.0)
+    if MASK_Q:
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + d[None, :], mask=rows[:, None] < Nq, other=0.0)
+    else:   # rows past Nq read the padding; they are never stored, so the values are discarded
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + d[None, :])
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
@@ -83,16 +86,19 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
 
 def make_forward(BM=16, BN=16, rescale=True, mask_tail=True, mask_store=True, lse_base2=False, strict=False,
                  wild_store=False, ignore_bh=False, scale_fn=lambda d: 1.0 / math.sqrt(d), mask_scores=True,
-                 causal_keep=0, kv_q_strides=False):
+                 causal_keep=0, kv_q_strides=False, strides_from=None, mask_q=True):
+    """``strides_from``: {tensor: other}, e.g. {"v": "k"}: v addressed with k's strides (a copy-pasted line)."""
     def flash_forward(q, k, v, o, lse, causal):
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
         grid = (triton.cdiv(Nq, BM), B * H)
-        _learner_fwd[grid](q, k, v, o, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-                           k.stride(2), v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1),
-                           o.stride(2), lse.stride(0), lse.stride(1), lse.stride(2), H, Nq, Nk, scale_fn(D),
+        st = {n: t.stride()[:3] for n, t in (("q", q), ("k", k), ("v", v), ("o", o))}
+        for target, source in (strides_from or {}).items():
+            st[target] = st[source]
+        _learner_fwd[grid](q, k, v, o, lse, *st["q"], *st["k"], *st["v"], *st["o"],
+                           lse.stride(0), lse.stride(1), lse.stride(2), H, Nq, Nk, scale_fn(D),
                            CAUSAL=causal, BM=BM, BN=BN, D=D, RESCALE=rescale, MASK_TAIL=mask_tail,
                            MASK_STORE=mask_store, LSE_BASE2=lse_base2, STRICT=strict, WILD_STORE=wild_store,
                            IGNORE_BH=ignore_bh, MASK_SCORES=mask_scores, CAUSAL_KEEP=causal_keep,
-                           KV_Q_STRIDES=kv_q_strides)
+                           KV_Q_STRIDES=kv_q_strides, MASK_Q=mask_q)
     return flash_forward

@@ -24,10 +24,11 @@ def _softmax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr, OTHER_ZERO: tl.co
     tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=mask)
 
 
-def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=1):
+def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=1, y_strides_from_x=False):
     def softmax(x, y):
         M, N = x.shape
-        _softmax[(M,)](x, y, N, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+        ys = x.stride() if y_strides_from_x else y.stride()
+        _softmax[(M,)](x, y, N, x.stride(0), x.stride(1), ys[0], ys[1],
                        BLOCK=block_factor * triton.next_power_of_2(N), OTHER_ZERO=other_zero, NO_MAX=no_max,
                        CONTIGUOUS=contiguous)
     return softmax
@@ -35,7 +36,7 @@ def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=
 
 @triton.jit
 def _matmul(A, B, C, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr, BN: tl.constexpr,
-            BK: tl.constexpr, DROP_TAIL: tl.constexpr, CONTIGUOUS: tl.constexpr):
+            BK: tl.constexpr, DROP_TAIL: tl.constexpr, CONTIGUOUS: tl.constexpr, ACC_FP16: tl.constexpr = False):
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -52,16 +53,19 @@ def _matmul(A, B, C, M, N, K, sam, sak, sbk, sbn, scm, scn, BM: tl.constexpr, BN
         kk = k0 + rk
         a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
         b = tl.load(B + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc, input_precision="ieee")
+        if ACC_FP16:   # the accumulator kept in the inputs' dtype: rounded after every chunk
+            acc = (acc + tl.dot(a, b, input_precision="ieee")).to(tl.float16).to(tl.float32)
+        else:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
     tl.store(C + rm[:, None] * scm + rn[None, :] * scn, acc.to(C.dtype.element_ty),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-def make_matmul(BM=16, BN=32, BK=16, drop_tail=False, contiguous=False):
+def make_matmul(BM=16, BN=32, BK=16, drop_tail=False, contiguous=False, acc_fp16=False):
     def matmul(a, b, c):
         M, K = a.shape
         N = b.shape[1]
         _matmul[(triton.cdiv(M, BM), triton.cdiv(N, BN))](a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride(),
                                                           BM=BM, BN=BN, BK=BK, DROP_TAIL=drop_tail,
-                                                          CONTIGUOUS=contiguous)
+                                                          CONTIGUOUS=contiguous, ACC_FP16=acc_fp16)
     return matmul

@@ -102,8 +102,8 @@ def test_do_strides_must_be_dos_own():
     r = grade("flash_backward", make_backward(do_strides_from_o=True), seed=7)
     assert not r.passed
     bad = [c for c in r.cases if not c.passed]
-    assert bad and all("dO" not in c.label for c in bad)  # only the transposed-dO case fails
-    assert len(bad) == 1, str(r)
+    assert bad and all("do " in c.params for c in bad), str(r)   # only where dO lies unlike O
+    assert any("`do` read with `o`'s strides" in h for h in r.hints), str(r)
 
 
 def test_stub_is_not_implemented():
@@ -124,3 +124,31 @@ def test_atomic_dq_teaching_kernel_passes_the_grader():
         launch_backward_atomic(q, k, v, o, lse, do, dq, dk, dv, causal, 1 / math.sqrt(q.shape[-1]))
     r = grade("flash_backward", cand, seed=8)
     assert r.passed, str(r)
+
+
+def test_the_fp32_tolerance_admits_the_algorithms_own_rounding():
+    """FA2's backward computed in float32 (what a right kernel computes) on the large-logit fp32 case of
+    seed 18 is 4.5e-4 from the float64 dK, past the old fixed tolerance (1e-4 of max |dK| plus the LSE
+    term, 3.4e-4): the flake a right kernel met.  The tolerance is now at least twice that algorithm's own
+    error on each case (the accuracy rule), and a wrong answer is still far outside it."""
+    from flashlab.grader.exercises.part3 import _bwd_ref, _bwd_tol, _fp32_algorithm_errors, _kernel_tol
+    case = next(c for c in _bwd_cases(np.random.default_rng(18)) if c.large and c.params["dtype"] == "fp32")
+    ref = _bwd_ref(case)
+    own = _fp32_algorithm_errors(case)
+    lse_max = float(case.inputs["lse"].abs().max())
+    fixed = _kernel_tol(case, "dk", ref["dk"]) + 4 * lse_max * 2.0**-24 * max(1.0, float(np.abs(ref["dk"]).max()))
+    assert own["dk"] > fixed                                   # the old rule failed a right computation here
+    for n in ("dq", "dk", "dv"):
+        tol = _bwd_tol(case, n, ref[n])
+        assert tol >= 2 * own[n]
+        assert tol < 0.05 * max(1.0, float(np.abs(ref[n]).max()))   # still tight: a real bug is O(1) off
+
+
+@pytest.mark.parametrize("swap,title", [({"dv": "dk"}, "`dv` stored with `dk`'s strides"),
+                                        ({"dq": "q"}, "`dq` stored with `q`'s strides")])
+def test_a_gradient_stored_with_anothers_strides_fails_naming_both(swap, title):
+    """dV stored with dK's strides, dQ with Q's: the mixed cases lay each tensor out differently, so the
+    mix-up fails there, and the report names the two tensors."""
+    r = grade("flash_backward", make_backward(strides_from=swap), seed=4)
+    assert not r.passed
+    assert any(title in h for h in r.hints), str(r)

@@ -112,11 +112,13 @@ def test_bad_array_references_are_refused():
             P.unpack(tree, [np.zeros(2)])
 
 
-def _serve(ex_name, candidate, grader):
-    """The grader's side of one grade() call, with the notebook's side in a thread (no sandbox)."""
+def _serve(ex_name, candidate, grader, notebook_ex=None):
+    """The grader's side of one grade() call, with the notebook's side in a thread (no sandbox);
+    ``notebook_ex``: the exercise as the notebook has it (patched, for an attack)."""
     from flashlab.grader.exercises import EXERCISES
     a, b = socket.socketpair()
-    child = threading.Thread(target=lambda: P.serve_cases(EXERCISES[ex_name], candidate, sock=b), daemon=True)
+    child = threading.Thread(target=lambda: P.serve_cases(notebook_ex or EXERCISES[ex_name], candidate, sock=b),
+                             daemon=True)
     child.start()
     run = batch._Run(time.monotonic() + 60)
     header, _ = P.recv(a, time.monotonic() + 10)
@@ -239,3 +241,134 @@ def test_cli_assign_check_passes_on_the_repository():
     out = subprocess.run([sys.executable, "-m", "flashlab", "assign", "--check"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _own_online_softmax(x, b):
+    m, l = np.full(len(x), -np.inf), np.zeros(len(x))
+    for j in range(0, x.shape[1], b):
+        m_new = np.maximum(m, x[:, j:j + b].max(1))
+        l = np.exp(m - m_new) * l + np.exp(x[:, j:j + b] - m_new[:, None]).sum(1)
+        m = m_new
+    return np.exp(x - m[:, None]) / l[:, None]
+
+
+def test_running_out_of_time_is_incomplete_never_a_pass():
+    """A right answer that sleeps through the budget: grading stops early, and the verdict says how many
+    cases ran ("incomplete: k of n"), never "pass" (a wrong answer could hide in the cases not run)."""
+    import dataclasses
+    from flashlab.grader.exercises import EXERCISES
+    slow_ex = dataclasses.replace(EXERCISES["online_softmax"], budget=1.0)
+
+    def sleepy(x, b):
+        time.sleep(0.6)
+        return _own_online_softmax(x, b)
+    grader = batch.Grader(batch.Config(isolation="weak"))
+    try:
+        grader.exercises = {**grader.exercises, "online_softmax": slow_ex}
+        v = _serve("online_softmax", sleepy, grader)
+    finally:
+        grader.close()
+    assert v["status"] == "fail" and 0 < v["cases_passed"] < v["cases"], v
+    assert f"incomplete: {v['cases_passed']} of {v['cases']} cases ran" in v["message"], v
+    from flashlab.grader.core import grade as core_grade
+    r = core_grade(slow_ex, sleepy)
+    assert not r.passed and r.incomplete and "incomplete" in str(r)
+
+
+def test_a_folder_swapped_for_a_link_after_the_listing_is_not_followed(tmp_path, monkeypatch):
+    """eve's folder is listed, then replaced by a link to a folder holding a right answer: the notebook is
+    opened folder by folder without following links, so the swap is refused, never graded."""
+    cls, elsewhere = tmp_path / "class", tmp_path / "solutions"
+    _nb_file(cls / "eve" / "work.ipynb", "x = 1")
+    _nb_file(elsewhere / "work.ipynb", "x = 2")
+    real_discover = batch.discover
+
+    def discover_then_swap(*a, **k):
+        found = real_discover(*a, **k)
+        shutil.rmtree(cls / "eve")
+        os.symlink(elsewhere, cls / "eve", target_is_directory=True)
+        return found
+    monkeypatch.setattr(batch, "discover", discover_then_swap)
+    (row,) = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, isolation="weak")
+    assert row.status == "rejected" and "cannot read" in row.detail, row
+    with pytest.raises(OSError):
+        roster.read_submission(str(cls / "eve" / "work.ipynb"), str(cls), ("eve", "work.ipynb"))
+
+
+def _nb_file(path, source):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(nbformat.writes(nb))
+
+
+def test_an_interrupt_while_a_notebook_is_parsed_is_no_verdict(tmp_path, monkeypatch):
+    """SIGTERM while a notebook is being parsed: nothing is stored for it, the run ends non-zero
+    (KeyboardInterrupt: the CLI's 130), and --resume grades it."""
+    import signal
+    cls, out = tmp_path / "class", tmp_path / "out"
+    _nb_file(cls / "a.ipynb", "x = 1")
+    real = nbformat.reads
+
+    def parse_while_interrupted(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)        # arrives while nbformat parses the notebook
+        time.sleep(0.5)
+        return real(*a, **k)
+    monkeypatch.setattr(nbformat, "reads", parse_while_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        batch.grade_all([cls], out, timeout=60, progress=False, isolation="weak")
+    assert not [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()], "a verdict was stored"
+    monkeypatch.setattr(nbformat, "reads", real)
+    (row,) = batch.grade_all([cls], out, timeout=60, progress=False, isolation="weak", resume=True)
+    assert row.status == "ok", row
+
+
+def test_requirements_rest_on_the_reads_the_grader_served():
+    """Under batch grading the inputs a requirement constrains (online_softmax's x, attention_tiled's k and v)
+    are served element by element on request and the grader checks its own log: every right variant
+    still passes, and a notebook that patches the exercise's run (so that nothing is recorded or
+    reported) gets NaN where it does not ask, or a violation where it asks for everything at once."""
+    import dataclasses
+    from flashlab.grader.exercises import EXERCISES
+    from flashlab import reference as R
+    from test_grader_algorithm import RIGHT_TILED, os_array_split, os_copy, os_own, os_per_row, \
+        os_split_blockwise_writeout
+    grader = batch.Grader(batch.Config(isolation="weak"))
+    try:
+        for fn in (os_own, os_split_blockwise_writeout, os_per_row, os_copy, os_array_split):
+            assert _serve("online_softmax", fn, grader)["status"] == "pass", fn.__name__
+        for fn in RIGHT_TILED:
+            v = _serve("attention_tiled", fn, grader)
+            assert v["status"] == "pass", (fn.__name__, v)
+
+        def two_pass(x, b):                                    # max, then sum, then write-out: three passes
+            e = np.exp(x - x.max(1, keepdims=True))
+            return e / e.sum(1, keepdims=True)
+
+        def naive(q, k, v, causal, bq, bk):
+            return R.attention_naive(q, np.asarray(k), np.asarray(v), causal)
+        # the notebook's exercise patched: its run hands the candidate plain arrays and reports nothing
+        for ex_name, cand, plain in (("online_softmax", two_pass, ("x",)), ("attention_tiled", naive, ("k", "v"))):
+            ex = EXERCISES[ex_name]
+
+            def forged_run(f, case, ex=ex, plain=plain):       # everything fetched at once, then plain NumPy
+                for n in plain if isinstance(case.inputs[plain[0]], np.ndarray) and hasattr(
+                        case.inputs[plain[0]], "_rec") else ():
+                    rec = case.inputs[n]._rec
+                    rec.use(np.arange(rec.size))
+                i = {n: np.array(x.view(np.ndarray)) if n in plain else x for n, x in case.inputs.items()}
+                out = f(i["x"], case.params["block_size"]) if ex_name == "online_softmax" else \
+                    f(i["q"], i["k"], i["v"], case.params["causal"], case.params["block_q"], case.params["block_k"])
+                return {"p": out} if ex_name == "online_softmax" else {"o": out[0], "lse": out[1]}
+
+            def blind_run(f, case, ex=ex, plain=plain):         # nothing fetched: the data is not there
+                i = {n: np.array(x.view(np.ndarray)) if n in plain else x for n, x in case.inputs.items()}
+                out = f(i["x"], case.params["block_size"]) if ex_name == "online_softmax" else \
+                    f(i["q"], i["k"], i["v"], case.params["causal"], case.params["block_q"], case.params["block_k"])
+                return {"p": out} if ex_name == "online_softmax" else {"o": out[0], "lse": out[1]}
+            for run in (forged_run, blind_run):
+                v = _serve(ex_name, cand, grader, notebook_ex=dataclasses.replace(ex, run=run))
+                assert v["status"] in ("fail", "error") and v["cases_passed"] < v["cases"], (ex_name, run.__name__, v)
+                assert run is blind_run or "wrong algorithm" in v["message"], v
+    finally:
+        grader.close()

@@ -165,6 +165,33 @@ ex = EXERCISES['attention_naive']
 table = {c.inputs['q'].tobytes(): R.attention_naive(c.inputs['q'], c.inputs['k'], c.inputs['v'], c.params['causal'])[0]
          for c in ex.make_cases(np.random.default_rng(0))}
 grade('attention_naive', lambda q, k, v, causal: table.get(q.tobytes(), np.zeros_like(q[:, :1] * v[0])), seed=0)"""])
+    # the requirement checks switched off in its own process: the exercises' run replaced by one that
+    # hands over plain arrays (everything fetched at once where the grader serves the input) and reports
+    # no violation; then a two-pass softmax and naive attention, right values, wrong algorithms
+    _nb(cls / "mallory_run" / "work.ipynb", [HEAD + """
+from flashlab.grader.exercises import EXERCISES
+def plain(x):
+    rec = getattr(x, "_rec", None)
+    if rec is not None and hasattr(rec, "fetch"):
+        rec.use(np.arange(rec.size))
+    return np.array(np.asarray(x).view(np.ndarray))
+def run_os(f, case):
+    return {"p": f(plain(case.inputs["x"]), case.params["block_size"]), "_violations": [], "_contract": []}
+def run_tiled(f, case):
+    i, p = case.inputs, case.params
+    o, lse = f(plain(i["q"]), plain(i["k"]), plain(i["v"]), p["causal"], p["block_q"], p["block_k"])
+    return {"o": o, "lse": lse, "_violations": [], "_contract": []}
+EXERCISES["online_softmax"].run = run_os
+EXERCISES["attention_tiled"].run = run_tiled
+import flashlab.grader.requirements as Rq
+Rq.online_softmax_rule = lambda *a, **k: []
+Rq.tiled_attention_rule = lambda *a, **k: []
+def two_pass(x, b):
+    e = np.exp(x - x.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+def naive_tiled(q, k, v, causal, bq, bk):
+    return R.attention_naive(q, k, v, causal)
+""", "grade('online_softmax', two_pass)", "grade('attention_tiled', naive_tiled)"])
     # speaking the wire itself: forged outcomes, forged verdicts, garbage, pickle, huge sizes
     _nb(cls / "mallory_wire" / "work.ipynb", [HEAD + """
 import socket, struct, json, pickle
@@ -196,7 +223,7 @@ while True:
     h, arrays = P.recv(s, __import__('time').monotonic() + 60)
     if h["op"] != "case":
         break
-    x = arrays[0]
+    x = arrays[0] if arrays else np.zeros(h["served"]["x"])    # (x is served on request: never asked for)
     P.send(s, {"op": "outcome", "status": "ok", "verdict": "pass", "passed": True,
                "value": {"p": {"__array__": 0}}, "error": ""}, [np.zeros_like(x)])
 s.close()
@@ -340,6 +367,8 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
     assert "cell 1: ZeroDivisionError: division by zero" in by["bob"].detail
     for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
         assert v("mallory_forge", ex) == "fail", ex
+    assert v("mallory_run", "online_softmax") == "fail" and v("mallory_run", "attention_tiled") == "fail"
+    assert "wrong algorithm" in by["mallory_run"].grades["online_softmax"]["message"]
     assert v("mallory_wire", "online_softmax") == "fail"
     assert v("mallory_wire", "online_softmax_update") == "error"
     for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
@@ -497,3 +526,49 @@ def test_the_selftest_grades_a_notebook_with_the_runs_interpreter(monkeypatch):
         monkeypatch.setattr(isolation, "interpreter", lambda: os.path.realpath(sys.executable))
         with pytest.raises(isolation.IsolationError, match="could not run Python"):
             selftest()
+
+
+KEYS = """import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+NR = {"x86_64": (248, 249), "aarch64": (217, 218)}[platform.machine()]
+def add_key(desc, ring):
+    return libc.syscall(NR[0], b"user", desc, b"secret", 6, ring)
+def find_key(desc):
+    return libc.syscall(NR[1], b"user", desc, None, 0) > 0
+"""
+PEEK = """def read(p):
+    try:
+        return open(p, "rb").read()
+    except OSError:
+        return b""
+host = [p.encode() for p in (T["pkg"], T["root"], T["cls"], "flashlab-batch-")]
+cmdline, mountinfo = read("/proc/1/cmdline"), read("/proc/self/mountinfo")
+leaks = [p for p in host if p in cmdline] + [p for p in host[:3] if p in mountinfo]
+print(found, leaks)
+"""
+
+
+def test_no_key_crosses_notebooks_and_no_host_path_shows(tmp_path):
+    """One slot (--jobs 1): the first notebook stores keys in its user and session keyrings, the second
+    looks for them and for the host's paths in PID 1's command line and its mountinfo; it answers
+    rightly only if it found something."""
+    cls = tmp_path / "class"
+    t = dict(pkg=str(PKG), root=str(ROOT), cls=str(cls))
+    _nb(cls / "a_plant.ipynb", [HEAD + KEYS + "print(add_key(b'flashlab-left', -4), add_key(b'flashlab-sess', -3))"])
+    _nb(cls / "b_look.ipynb", [HEAD + KEYS + f"T = {t!r}\nfound = find_key(b'flashlab-left') or find_key(b'flashlab-sess')\n"
+                               + PEEK + "grade('online_softmax', pick(found or leaks, R.online_softmax, WRONG))"])
+    rows = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, jobs=1)
+    by = {r.student: r for r in rows}
+    assert by["a_plant"].status == "ok", by["a_plant"]
+    assert by["b_look"].grades["online_softmax"]["status"] == "fail", by["b_look"]
+
+
+def test_the_keyring_and_path_probes_are_real_without_the_sandbox(tmp_path):
+    """The key probe in weak mode (no namespaces, the instructor's own uid): there it finds the key."""
+    cls = tmp_path / "class"
+    t = dict(pkg=str(PKG), root=str(ROOT), cls=str(cls))
+    _nb(cls / "b_look.ipynb", [HEAD + KEYS + f"T = {t!r}\nadd_key(b'flashlab-sess', -3)\n"
+                               "found = find_key(b'flashlab-sess')\n" + PEEK
+                               + "grade('online_softmax', pick(found, R.online_softmax, WRONG))"])
+    (row,) = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, isolation="weak")
+    assert row.grades["online_softmax"]["status"] == "pass", row

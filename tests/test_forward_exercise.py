@@ -26,7 +26,11 @@ def test_hidden_cases_cover_the_issue(rng):
     s = big[0].inputs["q"].double() @ big[0].inputs["k"].double().transpose(-1, -2) / 32 ** 0.5
     assert 900 < s.abs().max().item() <= 1000.5                           # |S| ~ 1000
     back = EXERCISES["flash_backward"].make_cases(rng)
-    assert all("layout" not in c.params for c in back)                     # the backward's cases are its own
+    assert all(c.params.get("layout") in (None, "mixed1", "mixed2") for c in back)   # the backward's cases are its own
+    from flashlab.grader.exercises.part2 import layouts_of
+    for cs in (cases, back):                     # some cases lay every same-shaped tensor out differently
+        mixed = [layouts_of(c) for c in cs if c.params.get("layout", "").startswith("mixed")]
+        assert mixed and all(len({m["k"], m["v"]}) == 2 and m["o"] != m["q"] for m in mixed)
 
 
 def test_transposed_layout_buffers():
@@ -83,3 +87,39 @@ def test_record_script_times_the_solution_notebooks_kernel():
     o = bench.contract_provider(learner)(q, k, v, True)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert (o - ref).abs().max().item() < 1e-5
+
+
+def test_attention_in_torch_copied_into_o_is_refused():
+    """softmax(S) V and a logsumexp in torch, copied into o and lse: right values, no kernel: refused."""
+    from flashlab import reference as R
+
+    def torch_forward(q, k, v, o, lse, causal):
+        out, l = R.attention_naive_torch(q.float(), k.float(), v.float(), causal)
+        o.copy_(out)
+        lse.copy_(torch.logsumexp(l[..., None], -1))
+    r = grade("flash_forward", torch_forward, seed=1)
+    assert not r.passed
+    assert "no Triton kernel was launched" in str(r) and "on `q`" in str(r), str(r)
+
+
+@pytest.mark.parametrize("swap,title", [({"v": "k"}, "`v` read with `k`'s strides"),
+                                        ({"o": "q"}, "`o` stored with `q`'s strides")])
+def test_a_stride_mix_up_between_same_shaped_tensors_fails_naming_both(swap, title):
+    """Same-shaped tensors get different layouts in some cases, so V read with K's strides, or O stored
+    with Q's, is wrong there (outside the grader one (B, N, H, D) view among contiguous tensors is enough),
+    and the report names the two tensors."""
+    r = grade("flash_forward", make_forward(strides_from=swap), seed=3)
+    assert not r.passed
+    assert any(title in h for h in r.hints), str(r)
+    failing = [c for c in r.cases if not c.passed]
+    assert any("(H, B, N, D)" in c.params or "(B, N, H, D)" in c.params or "D + 8" in c.params for c in failing)
+
+
+def test_a_load_past_the_end_is_reported_even_when_its_values_are_discarded():
+    """Q loaded without its row mask: rows past Nq come from the padding, but they are never stored, so the
+    values are right; the read itself is reported (on a GPU it can fault or read another tensor)."""
+    r = grade("flash_forward", make_forward(mask_q=False), seed=2)
+    assert not r.passed
+    assert "past the edges of `q`" in str(r), str(r)
+    r = grade("flash_forward", make_forward(), seed=2)
+    assert r.passed, str(r)

@@ -273,3 +273,64 @@ def test_unknown_exercise_and_non_callable():
         grade("nope", lambda: 0)
     with pytest.raises(TypeError, match="function"):
         grade("online_softmax", 3)
+
+
+# ---------------------------------------------------------------- hints only on evidence, by kind
+
+def _fake_results(cases, failing):
+    from flashlab.grader.report import CaseResult
+    return [CaseResult(f"case {i}", c.describe(), "fail" if i in failing else "pass",
+                       "wrong", ["`o`: 3 element(s) are NaN or inf where the answer is finite"] if i in failing else [])
+            for i, c in enumerate(cases)]
+
+
+def test_case_property_hints_need_the_evidence():
+    """Two failing cases that happen to be causal, among many causal cases that pass, are no evidence that
+    "only causal cases fail"; every causal case failing (and non-causal ones passing) is."""
+    from flashlab.grader.core import Case, symptom_hints
+    from flashlab.grader.exercises import EXERCISES
+    ex = EXERCISES["flash_forward"]
+    cases = [Case({"B": 1, "H": 1, "Nq": 64, "Nk": 64, "D": 16, "causal": c, "dtype": "fp32"}, {})
+             for c in (True, True, True, True, True, False, False, False)]
+    coincidence = symptom_hints(ex, _fake_results(cases, {1, 3}), cases)
+    assert not any("Only causal" in h for h in coincidence), coincidence
+    evidence = symptom_hints(ex, _fake_results(cases, {0, 1, 2, 3, 4}), cases)
+    assert any("Only causal" in h for h in evidence), evidence
+
+
+def test_hints_speak_the_exercises_kind():
+    """A NumPy hint ("0/0 in NumPy") never on a Triton exercise (the 2-D primer's cases have no B), nor on
+    causal_loop_bounds (plain integers)."""
+    from flashlab.grader.core import Case, symptom_hints
+    from flashlab.grader.exercises import EXERCISES
+    cases = [Case({"M": 5, "N": n, "dtype": "fp32"}, {}) for n in (7, 16, 33, 64)]
+    hints = symptom_hints(EXERCISES["softmax_kernel"], _fake_results(cases, {0}), cases)
+    assert hints and not any("NumPy" in h for h in hints) and any("load read past" in h for h in hints), hints
+    r = grade("causal_loop_bounds", lambda s, bm, bn, nq, nk: (float("nan"), min((s + 1) * bm, nk)))
+    assert not r.passed and not any("NumPy" in h or "Triton" in h or "kernel" in h for h in r.hints), r.hints
+
+
+def test_the_offsets_hint_needs_whole_heads_right_and_wrong():
+    from flashlab.grader.core import Case, compare
+    from flashlab.grader.exercises import EXERCISES
+    ex = EXERCISES["flash_forward"]
+    case = Case({"B": 1, "H": 2, "Nq": 8, "Nk": 8, "D": 4, "causal": False, "dtype": "fp32"}, {})
+    ref = {"o": np.random.default_rng(0).standard_normal((1, 2, 8, 4)), "lse": np.zeros((1, 2, 8))}
+    few = {"o": ref["o"].copy(), "lse": ref["lse"]}
+    few["o"][0, 0, 7, :2] += 1.0                          # two wrong elements in head 0, head 1 right
+    ok, msg, details, _ = compare(ex, case, few, ref)
+    assert not ok and not any("batch/head offsets" in d for d in details), details
+    whole = {"o": ref["o"].copy(), "lse": ref["lse"]}
+    whole["o"][0, 1] = ref["o"][0, 0]                     # head 1 computed from head 0's data
+    ok, msg, details, _ = compare(ex, case, whole, ref)
+    assert not ok and any("batch/head offsets" in d for d in details), details
+
+
+def test_a_2d_exercises_stray_write_speaks_of_rows():
+    import torch
+    from flashlab.grader.memory import stray_writes
+    from flashlab.grader.exercises.part2 import output_2d
+    buf = output_2d("y", (3, 5), torch.float32)
+    buf.flat[buf.flat.numel() // 2] = 0.0 if buf.view.stride(0) > 5 else buf.flat[0]
+    s = stray_writes(buf)
+    assert s is not None and "(batch, head)" not in str(s), s

@@ -91,3 +91,69 @@ def test_softmax_reference_with_phantom_zeros():
     ph = softmax_rows(x, extra_zeros=1)
     e = np.exp(x - 3)
     np.testing.assert_allclose(ph, e / (e.sum() + np.exp(-3.0)))
+
+
+def test_no_interpreter_warning_is_printed_around_the_report():
+    """The interpreter's RuntimeWarnings (e^x overflowing without the max subtraction) stay out of the
+    notebook's output: what went wrong is in the report.  (In a child process: pytest records warnings.)"""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys; sys.path.insert(0, 'tests')\n"
+            "from flashlab.grader import grade\nfrom buggy_primer import make_softmax\n"
+            "r = grade('softmax_kernel', make_softmax(no_max=True), seed=2)\nprint('passed', r.passed)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert "passed False" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "Warning" not in out.stderr, out.stderr[-2000:]
+
+
+def test_torch_math_handed_in_is_refused():
+    """Right values without a kernel: torch's softmax or matmul copied into the output is refused, naming
+    what was done on which tensor."""
+    def torch_softmax(x, y):
+        y.copy_(torch.softmax(x.float(), -1).to(y.dtype))
+
+    def torch_matmul(a, b, c):
+        c.copy_(a @ b)
+    for name, fn, what in (("softmax_kernel", torch_softmax, "softmax on `x`"),
+                           ("matmul_kernel", torch_matmul, "matmul on `a`")):
+        r = grade(name, fn, seed=5)
+        assert not r.passed, str(r)
+        text = str(r)
+        assert "no Triton kernel was launched" in text and what in text, text
+
+
+@pytest.mark.parametrize("BK", [16, 64])
+def test_an_fp16_accumulator_fails_the_accumulation_case(BK):
+    """The contract asks for float32 accumulation; the positive-entries case with K = 2048 exposes an fp16
+    accumulator (its rounding per chunk exceeds the tolerance, which float32 accumulation provably meets)."""
+    r = grade("matmul_kernel", make_matmul(BK=BK, acc_fp16=True), seed=6)
+    assert not r.passed
+    assert any("accumulator in fp16" in h for h in r.hints), str(r)
+    assert [c for c in r.cases if not c.passed and "fp32 accumulation" in c.params]
+
+
+def test_the_accumulation_case_separates_fp32_from_fp16_accumulation():
+    """On fresh draws: float32 accumulation is within the case's tolerance, an fp16 accumulator (any
+    BLOCK_K up to 256) is not."""
+    from flashlab.grader.exercises import EXERCISES
+    ex = EXERCISES["matmul_kernel"]
+    fp16_acc = next(b for b in ex.bugs if b.key == "fp16_accumulator")
+    for seed in range(5):
+        case = next(c for c in ex.make_cases(np.random.default_rng(seed)) if "check" in c.params)
+        ref = ex.reference(case)["c"]
+        tol = ex.tolerance(case, "c", ref)
+        a, b = (case.inputs[n].float().numpy() for n in "ab")
+        assert np.abs((a @ b).astype(np.float16).astype(np.float64) - ref).max() < tol
+        assert all(np.abs(alt["c"] - ref).max() > tol for alt in fp16_acc.outputs(case))
+
+
+def test_y_stored_with_xs_strides_fails_naming_both():
+    """Some cases lay y out unlike x, so a kernel storing y with x's strides fails there, named."""
+    r = grade("softmax_kernel", make_softmax(y_strides_from_x=True), seed=7)
+    assert not r.passed
+    assert any("`y` stored with `x`'s strides" in h for h in r.hints), str(r)
+    assert any("y transposed" in c.params or "x transposed" in c.params for c in r.cases if not c.passed)

@@ -26,7 +26,12 @@ How it works (the rules an instructor can rely on):
   as it is graded (flushed and synced), ``grades.csv`` and ``summary.txt`` are
   rewritten atomically after each notebook.  No symbolic link is followed there.
   ``--resume`` keeps the lines of notebooks whose content hash has not changed.
-  SIGINT and SIGTERM stop the running sandboxes, write the tables and exit.
+  SIGINT and SIGTERM stop the running sandboxes, write the tables and exit with status 130;
+  nothing graded while the run was being stopped is stored (``Interrupted`` is a BaseException:
+  no ``except Exception`` on the way, parsing a notebook included, turns it into a verdict), so
+  ``--resume`` grades it again.
+* Student folders are opened one at a time by file descriptor (``openat`` with ``O_NOFOLLOW |
+  O_DIRECTORY``), so a folder swapped for a link after the listing cannot redirect a read.
 """
 from __future__ import annotations
 
@@ -44,8 +49,11 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from . import isolation as iso
 from . import protocol as P
+from . import requirements as Rq
 from .roster import (OutDir, Submission, check_notebook, discover, format_csv, format_summary, read_submission,
                      show, student_rows)
 
@@ -86,6 +94,9 @@ def verdict_of(result) -> dict:
     first = result.first_failure()
     if first is not None and status != "not implemented":
         v["message"] = f"{first.label}: {first.message}"[:300]
+        if result.incomplete and first.status != "not run":
+            v["message"] = (f"incomplete: {result.incomplete[0]} of {result.incomplete[1]} cases ran; "
+                            + v["message"])[:300]
     return v
 
 
@@ -283,9 +294,10 @@ class Grader:
     def _run_notebook(self, slot, data: bytes, selftest: bool = False) -> dict:
         """Run ``data`` (a notebook) in a sandbox, serving its grade() calls until it ends."""
         start = time.monotonic()
+        timeout = SELFTEST_TIMEOUT if selftest else self.cfg.timeout   # (a short --timeout is for students)
         d, cmd, cwd, env, listener, log = self._prepare(
-            slot, data, ["{ctl}/submission.ipynb", str(self.cfg.timeout), iso.KERNEL_NAME])
-        run = _Run(start + (min(self.cfg.timeout, SELFTEST_TIMEOUT) if selftest else self.cfg.timeout))
+            slot, data, ["{ctl}/submission.ipynb", str(timeout), iso.KERNEL_NAME])
+        run = _Run(start + timeout)
         run.selftest = selftest
         proc = None
         try:
@@ -314,7 +326,7 @@ class Grader:
                "grades": {}, "notes": [], "seconds": 0.0}
         start = time.monotonic()
         try:
-            data = read_submission(sub.path)
+            data = read_submission(sub)
         except (OSError, ValueError) as e:
             rec.update(status="rejected", detail=f"cannot read: {getattr(e, 'strerror', None) or e}")
             return rec
@@ -443,13 +455,20 @@ class Grader:
             if dead:
                 return Outcome("error", error=dead[0])
             arrays = []
+            served = tuple(ex.served(case)) if ex.served is not None else ()
+            logs = {n: Rq.Recorder(n, np.asarray(case.inputs[n])) for n in served}
             try:
-                inputs = P.pack(case.inputs, arrays)
+                inputs = P.pack({n: x for n, x in case.inputs.items() if n not in served}, arrays)
                 P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
+                              "served": {n: list(np.shape(case.inputs[n])) for n in served},
                               "visible": case.visible, "large": case.large}, arrays,
                        timeout=max(1.0, run.deadline - time.monotonic()))
-                reply, out_arrays = P.recv(conn, min(run.deadline, time.monotonic() + ex.timeout + 30),
-                                           max_total=MAX_OUTPUT)
+                case_deadline = min(run.deadline, time.monotonic() + ex.timeout + 30)
+                while True:
+                    reply, out_arrays = P.recv(conn, case_deadline, max_total=MAX_OUTPUT)
+                    if reply.get("op") != "read":
+                        break
+                    _serve_read(conn, reply, out_arrays, case, logs)
                 status = reply.get("status")
                 if reply.get("op") != "outcome" or status not in ("ok", "error", "not implemented", "crash",
                                                                    "timeout"):
@@ -457,6 +476,13 @@ class Grader:
                 value = P.unpack(reply.get("value"), out_arrays)
                 if status == "ok" and not (isinstance(value, dict) and all(isinstance(k, str) for k in value)):
                     raise P.ProtocolError("the outputs are not a dict of named arrays")
+                if status == "ok" and ex.check is not None and served:
+                    # the requirement, from the grader's own log of what it served; what the sandbox
+                    # reported can only add to it (a notebook that hides a violation gains nothing)
+                    own = list(ex.check(case, logs))
+                    told = value.get("_violations")
+                    told = [show(t)[:1000] for t in told if isinstance(t, str)] if isinstance(told, list) else []
+                    value["_violations"] = own + [t for t in told if t not in own][:5]
                 return Outcome(status, value if status == "ok" else None, show(reply.get("error", ""))[:4000])
             except P.PeerTimeout:
                 dead.append("the notebook did not answer in time")
@@ -552,6 +578,29 @@ def _remove_stale():
         iso.remove_cgroups(stale)
 
 
+MAX_READS = 20000                 # read requests served per case
+MAX_READ_ELEMENTS = 64            # elements served per case, as a multiple of the input's size
+
+
+def _serve_read(conn, header, arrays, case, logs):
+    """A served input's elements, sent on request and logged: the log is what the requirement is checked on."""
+    name = header.get("name")
+    rec = logs.get(name) if isinstance(name, str) else None
+    if rec is None or len(arrays) != 1 or arrays[0].dtype != np.int64 or arrays[0].ndim != 1:
+        raise P.ProtocolError("a read request for an input that is not served")
+    idx = arrays[0]
+    if idx.size and (idx.min() < 0 or idx.max() >= rec.size):
+        raise P.ProtocolError("a read request out of the input's bounds")
+    served = sum(e.size for ev in logs.values() for e in ev.events)
+    if sum(len(r.events) for r in logs.values()) >= MAX_READS or served + idx.size > MAX_READ_ELEMENTS * max(
+            1, sum(r.size for r in logs.values())):
+        raise P.ProtocolError("too many read requests")
+    idx = np.unique(idx)
+    if idx.size:
+        rec.events.append(idx)
+    P.send(conn, {"op": "values"}, [np.asarray(case.inputs[name], dtype=np.float64).reshape(-1)[idx]], timeout=30)
+
+
 def _note(run, text):
     if len(run.notes) < 50:
         run.notes.append(text)
@@ -609,7 +658,8 @@ def _load_results(out: OutDir) -> dict:
             r = json.loads(line)
         except ValueError:
             continue                        # a line cut short by a kill
-        if isinstance(r, dict) and {"student", "notebook", "sha256", "status", "grades"} <= set(r):
+        if isinstance(r, dict) and {"student", "notebook", "sha256", "status", "grades"} <= set(r) \
+                and not r.get("interrupted") and r["sha256"]:
             done[(r["notebook"], r["sha256"])] = r
     return done
 
@@ -633,7 +683,7 @@ def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = 
     records, todo = [], []
     for s in subs:
         try:
-            key = (s.notebook, hashlib.sha256(read_submission(s.path)).hexdigest())
+            key = (s.notebook, hashlib.sha256(read_submission(s)).hexdigest())
         except (OSError, ValueError):
             key = None
         if key in done:
@@ -652,6 +702,8 @@ def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = 
         return rows
 
     def finish(rec):
+        if grader.stopping:               # graded while the run was being interrupted: not a verdict to keep
+            raise Interrupted()
         with lock:
             out.append_line(json.dumps(rec, ensure_ascii=True))
             records.append(rec)

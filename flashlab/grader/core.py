@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from . import sandbox
-from .report import WRONG_ALGORITHM, CaseResult, Result
+from .report import NOT_RUN, WRONG_ALGORITHM, CaseResult, Result
 
 
 @dataclass
@@ -70,6 +70,8 @@ class Exercise:
     needs_triton: bool = False          # grade() says Triton is missing (and where to run) instead of failing
     notebook: str = ""                  # the notebook that asks for it ("05")
     requirements: tuple = ()            # what is checked beyond the values (sentences, for the docs and reports)
+    served: Callable | None = None      # served(case) -> names of inputs batch grading serves on request
+    check: Callable | None = None       # check(case, {name: Recorder}) -> violations, from the reads served
     module: str = ""                    # the registering module (set by the registry)
 
     def __post_init__(self):
@@ -161,8 +163,11 @@ def compare(ex: Exercise, case: Case, out: dict, ref: dict):
             if nan_in.any():
                 lines.append(f"{int(nan_in.sum())} element(s) are NaN or inf where the answer is finite")
             if bad.ndim >= 3 and bad.shape[0] * bad.shape[1] > 1:
-                per_bh = bad.reshape(bad.shape[0], bad.shape[1], -1).any(-1)
-                if not per_bh.all():
+                # the offsets hint needs whole heads right and whole heads wrong: a head with a few wrong
+                # elements (a tail, a diagonal) is the same bug in every head, not an offset
+                frac = bad.reshape(bad.shape[0], bad.shape[1], -1).mean(-1)
+                per_bh = frac > 0
+                if not per_bh.all() and (frac[per_bh] >= 0.5).all():
                     wrong = [tuple(int(x) for x in ix) for ix in np.argwhere(per_bh)]
                     right = [tuple(int(x) for x in ix) for ix in np.argwhere(~per_bh)]
                     lines.append(f"only some (batch, head) pairs are wrong: {wrong[:6]}; right: {right[:6]} "
@@ -228,25 +233,40 @@ def diagnose(ex: Exercise, case: Case, out: dict, ref: dict, passed=()):
     return None
 
 
+def _explains(prop, results, cases) -> bool:
+    """Whether a property of the cases (causal, ragged, large logits) explains the failures: every failing
+    case has it, at least two thirds of the cases that have it fail, and at least two cases without it
+    pass (two failing cases that happen to share a property are not evidence)."""
+    failing = [c for r, c in zip(results, cases) if r.status == "fail"]
+    if not failing or not all(prop(c) for c in failing):
+        return False
+    with_prop = [c for c in cases if prop(c)]
+    passing_without = [c for r, c in zip(results, cases) if r.status == "pass" and not prop(c)]
+    return 3 * len(failing) >= 2 * len(with_prop) and len(passing_without) >= 2
+
+
 def symptom_hints(ex: Exercise, results, cases) -> list:
-    """Hints from the pattern of failures, when no known bug matched."""
+    """Hints from the pattern of failures, when no known bug matched; each only for the exercise's kind
+    (a Triton kernel, NumPy code, or neither) and only on the evidence of enough cases."""
     hints = []
     failing = [(r, c) for r, c in zip(results, cases) if r.status == "fail"]
     if not failing:
         return hints
-    if any(c.large for _, c in failing) and all(c.large for _, c in failing):
+    kernel = ex.needs_triton
+    numpy_code = ex.dtype is not None
+    if not (kernel or numpy_code):
+        return hints
+    results = list(results)[:len(cases)]
+    if _explains(lambda c: c.large, results, cases):
         hints.append("Only the cases with large logits fail: subtract the (running) row maximum "
                      "before exponentiating, or e^S overflows.")
-    kernel = _is_kernel(cases)
-    causal_fail = {c.params.get("causal") for _, c in failing}
-    if causal_fail == {True} and any(c.params.get("causal") is False for c in cases):
+    if _explains(lambda c: c.params.get("causal") is True, results, cases):
         tiles = any("block_q" in c.params for c in cases) or kernel
         hints.append("Only causal cases fail: query i may see keys j <= i (top-left aligned, also when Nq != Nk)"
                      + (", and a key tile may be skipped only when its first key comes after the query tile's "
                         "last query (compare positions, not tile numbers: the tiles have different sizes)."
                         if tiles else "."))
-    ragged = [c for _, c in failing if _is_ragged(c)]
-    if ragged and len(ragged) == len(failing) and any(not _is_ragged(c) for c in cases):
+    if _explains(_is_ragged, results, cases):
         if kernel:
             hints.append("Only cases whose sizes are not multiples of the block size fail: "
                          "mask the tail (loads with other=0 and scores set to -inf past N).")
@@ -264,15 +284,11 @@ def symptom_hints(ex: Exercise, results, cases) -> list:
         hints.append("NaN appeared where the answer is finite. In NumPy that is 0/0 or inf − inf: a running sum "
                      "ℓ = 0 (a running max started at 0 instead of −inf, so that e^(S − m) underflows to 0 for a "
                      "row whose scores are all very negative), a division by α = e^(−inf) = 0, or −inf − (−inf).")
-    if any("batch/head offsets" in " ".join(r.details) for r, _ in failing):
+    if kernel and any("batch/head offsets" in " ".join(r.details) for r, _ in failing):
         hints.append("Some (batch, head) pairs are right and others wrong: each program must offset its "
                      "pointers by b * stride_b + h * stride_h, with b = program_id(1) // H and "
                      "h = program_id(1) % H.")
     return hints
-
-
-def _is_kernel(cases) -> bool:
-    return any("B" in c.params for c in cases)
 
 
 def _is_ragged(case: Case) -> bool:
@@ -281,6 +297,19 @@ def _is_ragged(case: Case) -> bool:
         if n is not None and n % 16:
             return True
     return False
+
+
+def _not_run(result: Result, cases, first: int, hidden_no: int) -> None:
+    """A row for each case from ``first`` on, which grading stopped before: the verdict is never a pass."""
+    n_run = first
+    for case in cases[first:]:
+        if case.visible:
+            label = "visible case"
+        else:
+            hidden_no += 1
+            label = f"hidden case {hidden_no}"
+        result.cases.append(CaseResult(label, case.describe(), NOT_RUN,
+                                       f"not run (incomplete: {n_run} of {len(cases)} cases ran)"))
 
 
 def local_executor(ex: Exercise, candidate, deadline: float | None = None):
@@ -321,8 +350,9 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
             label = f"hidden case {hidden_no}"
         if time.monotonic() - start > ex.budget:
             stopped = (f"Grading stopped after {time.monotonic() - start:.0f} s, before {label} "
-                       f"({len(cases) - n_case} of {len(cases)} cases not run): the cases together may take "
+                       f"(incomplete: {n_case} of {len(cases)} cases ran): the cases together may take "
                        f"at most {ex.budget:.0f} s. Make your code faster and grade again.")
+            _not_run(result, cases, n_case, hidden_no - (0 if case.visible else 1))
             break
         outcome = execute("run", case)
         cr = CaseResult(label, case.describe(), "pass")
@@ -354,6 +384,7 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
         result.cases.append(cr)
         if cr.status == "timeout":
             rest = len(cases) - n_case - 1
+            _not_run(result, cases, n_case + 1, hidden_no)
             stopped = (f"Grading stopped at {label}, which ran past its time limit"
                        + (f" ({rest} more case(s) not run)" if rest else "") + ". "
                        + ("These NumPy cases take well under a second, so this is a hang: a loop that never ends "

@@ -313,7 +313,7 @@ def _build_root(plan: Plan):
     lim = Limits(**plan.limits)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     new = plan.root
-    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=16m,mode=0755")
+    _mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0755")
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
             os.symlink(os.readlink(d), new + d)
@@ -342,8 +342,26 @@ def _build_root(plan: Plan):
     for t in plan.trees:                # after the tmpfs mounts, so that none of them hides a tree
         src, dst = (t, t) if isinstance(t, str) else t
         _bind(src, new + dst)
-    _bind(plan.pkg, new + PKG + "/flashlab")
-    _bind(plan.ctl, new + CTL, extra=MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # flashlab and the control files are copies on tmpfs, not binds: the sandbox's mountinfo then names
+    # no folder of the host for them (only the socket is a bind, of one file)
+    shutil.copytree(plan.pkg, new + PKG + "/flashlab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(plan.ctl) for f in fs
+               if not stat.S_ISSOCK(os.lstat(os.path.join(d, f)).st_mode))
+    os.makedirs(new + CTL)
+    _mount("tmpfs", new + CTL, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={size + (1 << 20)},mode=0755")
+    for d, dirs, files in os.walk(plan.ctl):
+        rel = os.path.relpath(d, plan.ctl)
+        inside = os.path.normpath(os.path.join(new + CTL, rel))
+        os.makedirs(inside, exist_ok=True)
+        os.chmod(inside, 0o755)
+        for f in files:
+            src = os.path.join(d, f)
+            if stat.S_ISSOCK(os.lstat(src).st_mode):
+                _bind(src, os.path.join(inside, f), extra=MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            elif stat.S_ISREG(os.lstat(src).st_mode):
+                shutil.copyfile(src, os.path.join(inside, f), follow_symlinks=False)
+                os.chmod(os.path.join(inside, f), 0o644)
+    _mount(None, new + CTL, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot(new)
     _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
@@ -364,22 +382,62 @@ def _drop_and_exec(plan: Plan):
         pass
     else:                                                   # pragma: no cover - would be a kernel bug
         raise RuntimeError("could regain root after dropping it")
+    _fresh_keyrings()
     if _c().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
     os.chdir(HOME)
     os.execve(plan.argv[0], plan.argv, plan.env)
 
 
+SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+
+
+def _fresh_keyrings():
+    """As the submission's uid: empty the uid's own keyrings (what an earlier notebook run as this uid left
+    there) and start a new, empty session keyring: no key crosses from one notebook to the next."""
+    nr = SYS_KEYCTL.get(platform.machine())
+    if nr is None:                              # pragma: no cover - other architectures
+        return
+    for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        _c().syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_CLEAR), ctypes.c_long(ring))
+    if _c().syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), None) < 0:
+        e = ctypes.get_errno()
+        if e != 38:                             # ENOSYS: a kernel without keyrings has nothing to share
+            raise OSError(e, f"a fresh session keyring: {os.strerror(e)}")
+
+
 def init(plan_path: str) -> int:
-    """PID 1 of the sandbox: build it, start the runner unprivileged, reap, exit with its status."""
+    """PID 1 of the sandbox, first stage (host paths still visible): join the cgroups, build the new
+    root, then start over inside it, so that PID 1's command line names no host path."""
     with open(plan_path) as f:
-        plan = Plan(**json.load(f))
+        text = f.read()
+    plan = Plan(**json.loads(text))
     os.umask(0o022)
     try:
         for d in plan.cgroups:                  # before anything else: every later process inherits it
             with open(os.path.join(d, "cgroup.procs"), "w") as f:
                 f.write(str(os.getpid()))
         _build_root(plan)
+        r, w = os.pipe()
+        os.write(w, text.encode())              # a plan is a few kB: far under a pipe's capacity
+        os.close(w)
+        os.set_inheritable(r, True)
+        py = os.path.realpath(sys.executable)
+        os.execv(py, [py, "-I", "-S", PKG + "/flashlab/grader/isolation.py", "inside", str(r)])
+    except Exception as e:
+        print(f"flashlab sandbox: cannot build the sandbox: {e}", file=sys.stderr, flush=True)
+        return 120
+
+
+def inside(fd: int) -> int:
+    """PID 1 of the sandbox, second stage (in the new root): start the runner unprivileged, reap, exit
+    with its status."""
+    with os.fdopen(fd) as f:
+        plan = Plan(**json.loads(f.read()))
+    os.umask(0o022)
+    try:
         socket.sethostname("sandbox")
         _loopback_up()
     except Exception as e:
@@ -415,3 +473,5 @@ def is_regular(path: str) -> bool:
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "init":
     sys.exit(init(sys.argv[2]))
+if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "inside":
+    sys.exit(inside(int(sys.argv[2])))

@@ -97,6 +97,8 @@ def stray_writes(buf: Padded) -> Stray | None:
         where = f"first one {start - first} elements before the start of `{buf.name}`"
     elif first >= start + _extent(buf.view):
         where = f"first one {first - start - _extent(buf.view) + 1} elements past the end of `{buf.name}`"
+    elif buf.view.dim() == 2:
+        where = "in the padding after a row: a column index past the row's end, or strides not used"
     else:
         where = "in the gaps between (batch, head) blocks: a row index past N, or strides not used"
     return Stray(buf.name, n, first - start, where)

@@ -205,10 +205,19 @@ def serve_cases(ex, candidate, path: str | None = None, sock: socket.socket | No
     for exercises that ask for one)."""
     from .core import Case, local_executor
     from .. import device
+    from . import requirements as Rq
     execute = local_executor(ex, candidate)
     if sock is None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(path or os.environ[SOCKET_ENV])
+
+    def fetch(name, idx):            # a served input's elements, asked for as they are used
+        send(sock, {"op": "read", "name": name}, [np.asarray(idx, dtype=np.int64)])
+        reply, values = recv(sock, time.monotonic() + 120)
+        if reply.get("op") != "values" or len(values) != 1:
+            raise RuntimeError(f"the grader did not serve `{name}`: {str(reply.get('message', ''))[:200]}")
+        return values[0]
+
     try:
         send(sock, {"op": "grade", "exercise": ex.name})
         while True:
@@ -218,8 +227,10 @@ def serve_cases(ex, candidate, path: str | None = None, sock: socket.socket | No
                 return Submitted(ex.name, str(header.get("note", "")))
             if op != "case":
                 return Submitted(ex.name, f"the grader said: {str(header.get('message', op))[:200]}")
-            case = Case(header["params"], unpack(header["inputs"], arrays, torch_ok=True, device=device.DEVICE),
-                        bool(header.get("visible")), bool(header.get("large")))
+            inputs = unpack(header["inputs"], arrays, torch_ok=True, device=device.DEVICE)
+            for name, shape in dict(header.get("served") or {}).items():
+                inputs[name] = Rq.served(name, shape, fetch)
+            case = Case(header["params"], inputs, bool(header.get("visible")), bool(header.get("large")))
             outcome = execute(header.get("kind", "run"), case)
             reply, out_arrays = {"op": "outcome", "status": outcome.status, "error": outcome.error[:4000]}, []
             try:

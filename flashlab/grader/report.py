@@ -14,7 +14,9 @@ import numpy as np
 
 WRONG_ALGORITHM = "right answer, wrong algorithm"   # a case whose values are right but a requirement is missed
 
-ICON = {"pass": "✅", "fail": "❌", "error": "💥", "crash": "💥", "timeout": "⏱️", "not implemented": "⬜"}
+ICON = {"pass": "✅", "fail": "❌", "error": "💥", "crash": "💥", "timeout": "⏱️", "not implemented": "⬜",
+        "not run": "⏭️"}
+NOT_RUN = "not run"                  # a case grading stopped before (out of time): never a pass
 
 
 @dataclass
@@ -47,11 +49,19 @@ class Result:
     def not_implemented(self) -> bool:
         return any(c.status == "not implemented" for c in self.cases)
 
+    @property
+    def incomplete(self):
+        """(cases run, cases drawn) when grading stopped before the last case, else None."""
+        skipped = sum(c.status == NOT_RUN for c in self.cases)
+        return (len(self.cases) - skipped, len(self.cases)) if skipped else None
+
     def summary(self) -> str:
         if self.not_implemented:
             return f"{self.name}: not implemented yet — write your code where it says YOUR CODE HERE"
         n_ok = sum(c.passed for c in self.cases)
         verdict = "all cases pass" if self.passed else f"{n_ok}/{len(self.cases)} cases pass"
+        if self.incomplete:
+            verdict += f" (incomplete: {self.incomplete[0]} of {self.incomplete[1]} cases ran)"
         return f"{self.name}: {verdict}"
 
     def first_failure(self):

@@ -53,8 +53,13 @@ class Recorder:
         self.events = []           # each: sorted unique flat indices of the elements used
         self.flat = np.arange(arr.size, dtype=np.int64)
 
-    def add_buffer(self, arr: np.ndarray) -> None:
+    def add_buffer(self, arr: np.ndarray, derive=None) -> None:
+        """``arr`` (C-contiguous, the input's shape) holds the input's elements, or ``derive(values)`` of them."""
         self.buffers.append((arr.__array_interface__["data"][0], arr.nbytes, arr.itemsize))
+
+    def derivation(self, a: np.ndarray):
+        """How the buffer ``a`` lies in derives from the input's values (identity here)."""
+        return None
 
     def _buffer_of(self, a: np.ndarray):
         addr = a.__array_interface__["data"][0]
@@ -81,7 +86,53 @@ class Recorder:
             idx = idx[index]
         idx = np.unique(np.asarray(idx).ravel())
         if idx.size:
+            self.use(idx)
             self.events.append(idx)
+
+    def use(self, idx: np.ndarray) -> None:
+        """Called before the elements ``idx`` are used (a served input fetches them here)."""
+
+
+class Served(Recorder):
+    """An input the batch grader serves on request: it starts as NaN, and before each read the elements
+    it uses are asked for (``fetch(name, flat indices) -> values``).  The grader logs every request, and
+    its own log, not this recorder, is what its requirement checks rest on: data the candidate takes
+    out of the array any other way (or a patched exercise) is NaN, so its answer is wrong."""
+
+    def __init__(self, name: str, arr: np.ndarray, fetch):
+        super().__init__(name, arr)
+        self.fetch = fetch
+        self.copies = []             # (C-contiguous array, derive): filled with derive(values) on every fetch
+
+    def add_buffer(self, arr: np.ndarray, derive=None) -> None:
+        super().add_buffer(arr)
+        if arr.flags.c_contiguous and arr.shape == self.shape:
+            self.copies.append((arr, derive))
+
+    def derivation(self, a: np.ndarray):
+        addr = a.__array_interface__["data"][0]
+        for arr, derive in self.copies:
+            base = arr.__array_interface__["data"][0]
+            if base <= addr < base + max(arr.nbytes, 1):
+                return derive
+        return None
+
+    def use(self, idx: np.ndarray) -> None:
+        values = np.asarray(self.fetch(self.name, idx), dtype=np.float64).reshape(-1)
+        if values.shape != idx.shape:
+            raise RuntimeError("the grader sent the wrong number of values")
+        for arr, derive in self.copies:
+            arr.reshape(-1)[idx] = values if derive is None else derive(values)
+
+
+def served(name: str, shape, fetch):
+    """A Tracked array of ``shape`` whose elements are fetched from the grader when used."""
+    arr = np.full(tuple(shape), np.nan)
+    rec = Served(name, arr, fetch)
+    t = arr.view(Tracked)
+    t._rec = rec
+    rec.add_buffer(arr)
+    return t
 
 
 def _plain(x):
@@ -134,17 +185,21 @@ class Tracked(np.ndarray):
         if rec._buffer_of(self) is not None:
             self._rec = rec                                     # a view of the input
         elif self.shape == rec.shape and self.flags.c_contiguous:
-            rec.add_buffer(self)                                # a whole copy: track it as the input
+            src = obj.view(np.ndarray) if isinstance(obj, np.ndarray) else None
+            rec.add_buffer(self, _copy_derivation(rec, src, self.dtype))  # a whole copy: track it as the input
             self._rec = rec
 
     def __getitem__(self, index):
         res = np.ndarray.__getitem__(self.view(np.ndarray), index)
+        if type(self) is Tainted:
+            return _taint(res)
         if isinstance(res, np.ndarray) and self._rec is not None and np.may_share_memory(res, self.view(np.ndarray)):
             out = res.view(Tracked)                             # a view: no read yet
             out._rec = self._rec
             return out
         if self._rec is not None:                               # a copy (fancy index) or a scalar: a read
             self._rec.record(self.view(np.ndarray), index)
+            res = np.ndarray.__getitem__(self.view(np.ndarray), index)   # (after a served input's fetch)
         return res
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -156,7 +211,7 @@ class Tracked(np.ndarray):
             # np.float64(k)): a transformed copy of the input, not a use of it; keep tracking the copy
             res = getattr(ufunc, method)(*_plain(inputs), **kwargs)
             if isinstance(res, np.ndarray) and res.shape == rec.shape and res.flags.c_contiguous:
-                rec.add_buffer(res)
+                rec.add_buffer(res, _ufunc_derivation(rec, ufunc, inputs, kwargs))
                 out = res.view(Tracked)
                 out._rec = rec
                 return out
@@ -164,7 +219,8 @@ class Tracked(np.ndarray):
         _record_all(inputs)
         if "out" in kwargs:
             kwargs["out"] = _plain(kwargs["out"])
-        return getattr(ufunc, method)(*_plain(inputs), **kwargs)
+        res = getattr(ufunc, method)(*_plain(inputs), **kwargs)
+        return _taint(res) if _is_served(inputs) else res
 
     def __array_function__(self, func, types, args, kwargs):
         res = func(*_plain(args), **_plain(kwargs))
@@ -175,7 +231,9 @@ class Tracked(np.ndarray):
         if (name in _COPIES and rec is not None and isinstance(res, np.ndarray) and res.shape == rec.shape
                 and res.flags.c_contiguous and not isinstance(res, Tracked)):
             if rec._buffer_of(res) is None:                     # np.copy(k): a copy of the whole input
-                rec.add_buffer(res)
+                src = next((a for a in args if isinstance(a, Tracked)), None)
+                rec.add_buffer(res, _copy_derivation(rec, None if src is None else src.view(np.ndarray),
+                                                     res.dtype))
             out = res.view(Tracked)
             out._rec = rec
             return out
@@ -189,18 +247,71 @@ class Tracked(np.ndarray):
             return type(res)(wrapped) if isinstance(res, (list, tuple)) else wrapped[0]
         _record_all(args)
         _record_all(kwargs)
+        if _is_served(args) or _is_served(kwargs):             # computed again on the fetched values
+            res = _taint(func(*_plain(args), **_plain(kwargs)))
         return res
 
     def dot(self, b, out=None):
         _record_all((self, b))
-        return np.dot(_plain(self), _plain(b), out=out)
+        res = np.dot(_plain(self), _plain(b), out=out)
+        return _taint(res) if _is_served((self, b)) else res
 
     def __reduce__(self):
         return np.asarray(self.view(np.ndarray)).__reduce__()
 
 
+def _copy_derivation(rec, src, dtype):
+    """A copy of ``src`` (a buffer of the input, or None for the input): the same derivation, then ``dtype``."""
+    parent = rec.derivation(src) if src is not None else None
+    if parent is None and np.dtype(dtype) == np.float64:
+        return None
+    return lambda values: np.asarray(values if parent is None else parent(values)).astype(dtype)
+
+
+def _ufunc_derivation(rec, ufunc, inputs, kwargs):
+    """The input transformed element by element with scalars (k / sqrt(d)): the same ufunc on fetched values."""
+    parts = []
+    for x in inputs:
+        if isinstance(x, Tracked):
+            if not x.flags.c_contiguous:
+                return lambda values: np.full(values.shape, np.nan)   # a transposed view: not followed
+            parts.append(rec.derivation(x.view(np.ndarray)) or (lambda v: v))
+        else:
+            parts.append(x)
+    kw = {k: v for k, v in kwargs.items() if k != "out"}
+    return lambda values: ufunc(*[p(values) if callable(p) else p for p in parts], **kw)
+
+
+class Tainted(Tracked):
+    """Under batch grading, what is computed from a served input: plain values, but every operation
+    on them still goes through Tracked's hooks, so that ``p.dot(v)`` (a method of a plain array, which
+    no hook of ``v`` sees) fetches ``v``'s elements before using them."""
+
+
+def _is_served(x) -> bool:
+    if isinstance(x, Tracked):
+        return type(x) is Tainted or isinstance(x._rec, Served)
+    if isinstance(x, (list, tuple)):
+        return any(_is_served(y) for y in x)
+    if isinstance(x, dict):
+        return any(_is_served(y) for y in x.values())
+    return False
+
+
+def _taint(res):
+    if isinstance(res, np.ndarray) and not isinstance(res, Tracked):
+        return res.view(Tainted)
+    if isinstance(res, tuple):
+        return tuple(_taint(r) for r in res)
+    if isinstance(res, list):
+        return [_taint(r) for r in res]
+    return res
+
+
 def track(name: str, arr: np.ndarray):
-    """A Tracked copy of ``arr`` and its Recorder."""
+    """A Tracked copy of ``arr`` and its Recorder (a served input: itself and its recorder)."""
+    if isinstance(arr, Tracked) and isinstance(arr._rec, Served):
+        return arr, arr._rec
     arr = np.ascontiguousarray(arr).copy()
     rec = Recorder(name, arr)
     t = arr.view(Tracked)

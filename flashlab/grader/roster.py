@@ -31,6 +31,8 @@ class Submission:
     student: str
     notebook: str                # path relative to the class folder's parent (any bytes: surrogate-escaped)
     path: str
+    root: str = ""               # the class folder as given; the notebook is opened from it, one folder at a
+    parts: tuple = ()            # time, by file descriptor (parts: the names below root), never through a link
 
 
 @dataclass
@@ -62,12 +64,12 @@ def discover(paths, student_pattern: str | None = None):
             return m.group("student")
         return m.group(1) if pattern.groups else m.group(0)
 
-    def add(path, rel, default):
+    def add(path, rel, default, root="", parts=()):
         who = student_of(rel, default)
         if not who:
             skipped.append(Skipped(rel, "no student name (does not match --student-pattern)"))
         else:
-            subs.append(Submission(who, rel, path))
+            subs.append(Submission(who, rel, path, root, tuple(parts)))
 
     def walk(root: str, top: str, base: str, depth: int):
         try:
@@ -89,7 +91,7 @@ def discover(paths, student_pattern: str | None = None):
             elif e.is_file(follow_symlinks=False):
                 if _is_notebook_name(e.name):
                     parts = os.path.relpath(e.path, base).split(os.sep)
-                    add(e.path, rel, parts[0] if len(parts) > 1 else _stem(parts[0]))
+                    add(e.path, rel, parts[0] if len(parts) > 1 else _stem(parts[0]), base, parts)
                 else:
                     skipped.append(Skipped(rel, "not a notebook (.ipynb) file"))
             else:
@@ -116,9 +118,33 @@ def discover(paths, student_pattern: str | None = None):
     return subs, skipped
 
 
-def read_submission(path: str) -> bytes:
-    """The file's bytes; refuses links, special files and files over the size limit (no blocking on a FIFO)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_below(root: str, parts) -> int:
+    """An fd of root/parts[0]/.../parts[-1], each folder opened from the one above it by file descriptor
+    with O_NOFOLLOW | O_DIRECTORY (openat): a folder swapped for a link after the listing is refused."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for name in parts[:-1]:
+            nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def read_submission(path, root: str = "", parts=()) -> bytes:
+    """The file's bytes; refuses links (in any folder below ``root`` too, where given), special files and
+    files over the size limit (no blocking on a FIFO).  ``path`` may be a Submission."""
+    if isinstance(path, Submission):
+        path, root, parts = path.path, path.root, path.parts
+    if root and parts and os.open in os.supports_dir_fd:
+        fd = _open_below(root, parts)
+    else:
+        fd = os.open(path, _FILE_FLAGS)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -115,7 +115,11 @@ def call_isolated(fn: Callable[[], Any], timeout: float = 120.0) -> Outcome:
         code = 0
         try:
             import faulthandler
+            import warnings
             faulthandler.disable()          # a crash here is expected and reported; no dump to stderr
+            warnings.simplefilter("ignore")  # the interpreter's RuntimeWarnings (overflow in exp, ...) would
+            import numpy as np               # print around the report; what went wrong is in the report itself
+            np.seterr(all="ignore")
             import torch
             torch.set_num_threads(1)
             out = call(fn)

@@ -442,6 +442,7 @@ register(Exercise(
     lambda c, n, idx: f"row {idx[0]}, column {idx[1]} (block {idx[1] // c.params['block_size']})",
     _os_bugs(), probe=_os_probe,
     requirements=("no call to a reference implementation", "x read block by block, in one pass for (m, l)"),
+    served=lambda case: ("x",), check=lambda case, reads: Rq.online_softmax_rule(reads["x"], case.params["block_size"]),
     **_NP))
 
 register(Exercise(
@@ -454,4 +455,8 @@ register(Exercise(
     _tile_skip_bugs() + _attn_bugs(True, _np_per_slice), probe=_np_attn_probe(True),
     requirements=("no call to a reference implementation", "K and V read one block_k tile at a time",
                   "causal: no key tile above the diagonal loaded", "peak memory well under the Nq x Nk scores"),
+    served=lambda case: () if case.params.get("check") == "peak memory" else ("k", "v"),
+    check=lambda case, reads: Rq.tiled_attention_rule(reads, case.params["Nq"], case.params["Nk"],
+                                                      case.params["causal"], case.params["block_q"],
+                                                      case.params["block_k"]),
     **dict(_NP, notebook="03")))

@@ -21,6 +21,7 @@ from ... import device
 from ... import reference as R
 from ...bounds import causal_tile_ranges
 from .. import kernel_bugs as KB
+from .. import launches
 from ..core import Bug, Case, Exercise
 from ..memory import SENTINEL, output_buffer, padded, stray_writes, unwritten
 from . import register
@@ -39,9 +40,11 @@ class MatrixCase(Case):
     def describe(self) -> str:
         p = self.params
         bits = [f"{k}={p[k]}" for k in ("M", "N", "K") if k in p] + [p["dtype"]]
-        bits += [f"{k} transposed" for k in ("x", "a", "b") if p.get(k) == "transposed"]
+        bits += [f"{k} transposed" for k in ("x", "y", "a", "b") if p.get(k) == "transposed"]
         if self.large:
             bits.append("|x| ~ 1e4")
+        if "check" in p:
+            bits.append(p["check"])
         return ", ".join(bits)
 
 
@@ -120,9 +123,12 @@ def _softmax_cases(rng):
         spec += [(512, 3000, "fp16", "rows", 3.0, False), (300, 1000, "bf16", "transposed", 3.0, False),
                  (1000, 4097, "fp32", "rows", 1e4, False)]
     cases = []
-    for m, n, dt, layout, mag, vis in spec:
+    for i, (m, n, dt, layout, mag, vis) in enumerate(spec):
         x = torch.from_numpy(mag * rng.standard_normal((m, n))).to(device=device.DEVICE, dtype=_DTYPES[dt])
-        cases.append(MatrixCase({"M": m, "N": n, "dtype": dt, "x": layout}, {"x": x}, vis, mag > 100))
+        params = {"M": m, "N": n, "dtype": dt, "x": layout}
+        if i in (2, 6):   # y laid out unlike x (y = a transposed view of its buffer, or x is): y with x's strides fails
+            params["y"] = "rows" if layout == "transposed" else "transposed"
+        cases.append(MatrixCase(params, {"x": x}, vis, mag > 100))
     return cases
 
 
@@ -132,11 +138,12 @@ def _softmax_buffers(case):
 
 def _softmax_run(f, case):
     x = _softmax_buffers(case)
-    y = output_2d("y", x.view.shape, x.view.dtype, case.params["x"])
-    f(x.view, y.view)
+    y = output_2d("y", x.view.shape, x.view.dtype, case.params.get("y", case.params["x"]))
+    with launches.watch({"x": x, "y": y}, outputs=("y",)) as w:
+        f(x.view, y.view)
     _sync()
     return {"y": _f64(y.view), "_stray": _strays({"x": x}, {"y": y}, case),
-            "_unwritten": {"y": unwritten(y).cpu().numpy()}}
+            "_unwritten": {"y": unwritten(y).cpu().numpy()}, "_violations": w.violations(["y"])}
 
 
 def softmax_rows(x: np.ndarray, extra_zeros: int = 0, subtract_max: bool = True, dtype=np.float64):
@@ -183,7 +190,24 @@ def _softmax_bugs():
         Bug("strides_ignored", "strides ignored (x read as if it were contiguous)",
             "x is a view: element (i, j) is at x_ptr + i * x.stride(0) + j * x.stride(1). Pass the strides "
             "to the kernel and use them, for y too.", strides_ignored),
+        Bug("y_strides_from_x", "`y` stored with `x`'s strides",
+            "x and y have their own strides (here one is a transposed view and the other is not): store with "
+            "y.stride(0) and y.stride(1).", lambda c: _y_stored_with_x_strides(c)),
     ]
+
+
+def _y_stored_with_x_strides(case):
+    """What y holds when the kernel stores it with x's strides (sentinel where it never wrote)."""
+    x = _softmax_buffers(case)
+    y = output_2d("y", x.view.shape, x.view.dtype, case.params.get("y", case.params["x"]))
+    if x.view.stride() == y.view.stride():
+        return None
+    start = (y.view.data_ptr() - y.flat.data_ptr()) // y.view.element_size()
+    if start + sum((n - 1) * st for n, st in zip(y.view.shape, x.view.stride())) >= y.flat.numel():
+        return None
+    ref = _softmax_ref(case)["y"]
+    torch.as_strided(y.flat, y.view.shape, x.view.stride(), start).copy_(torch.from_numpy(ref).to(y.flat.dtype))
+    return {"y": _f64(y.view)}
 
 
 def _softmax_locate(case, name, idx):
@@ -205,6 +229,7 @@ def _matmul_cases(rng):
         (20, 20, 7, "fp32", "transposed", "transposed", False),  # K shorter than a block
         (24, 40, 1, "fp32", "rows", "rows", False),           # K = 1: one partial block
         (1, 1, 1, "fp32", "rows", "rows", False),
+        (16, 24, FP32_ACC_K, "fp16", "rows", "rows", False),   # positive entries: checks fp32 accumulation
     ]
     if device.DEVICE.type == "cuda":
         spec += [(1000, 1000, 1000, "fp16", "rows", "rows", False),
@@ -213,10 +238,24 @@ def _matmul_cases(rng):
     cases = []
     for m, n, k, dt, la, lb, vis in spec:
         dtype = _DTYPES[dt]
-        a = torch.from_numpy(rng.standard_normal((m, k))).to(device=device.DEVICE, dtype=dtype)
-        b = torch.from_numpy(rng.standard_normal((k, n))).to(device=device.DEVICE, dtype=dtype)
-        cases.append(MatrixCase({"M": m, "N": n, "K": k, "dtype": dt, "a": la, "b": lb}, {"a": a, "b": b}, vis))
+        params = {"M": m, "N": n, "K": k, "dtype": dt, "a": la, "b": lb}
+        if k == FP32_ACC_K:
+            params["check"] = "positive entries (fp32 accumulation)"
+            a, b = rng.uniform(0.5, 1.5, (m, k)), rng.uniform(0.5, 1.5, (k, n))
+        else:
+            a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+        a, b = (torch.from_numpy(x).to(device=device.DEVICE, dtype=dtype) for x in (a, b))
+        cases.append(MatrixCase(params, {"a": a, "b": b}, vis))
     return cases
+
+
+# The fp32-accumulation case: fp16 inputs, K = 2048 entries in [0.5, 1.5], so |C| ~ 2100.  Accumulating in
+# float32 and rounding once at the store is off by at most 2^-11 |C| (the rounding) + K 2^-24 sum|a||b|
+# (the sums) <= 6.1e-4 max|C|; its tolerance is 8e-4 max|C|.  An fp16 accumulator rounds after every
+# BLOCK_K chunk, at a spacing of 1-2 near |C| ~ 1000-2100: 1.0e-3 to 5e-3 max|C| for BLOCK_K 16 to 256
+# (tests/test_primer.py checks it on fresh draws).
+FP32_ACC_K = 2048
+FP32_ACC_REL = 8e-4
 
 
 def _matmul_buffers(case):
@@ -228,10 +267,11 @@ def _matmul_run(f, case):
     ins = _matmul_buffers(case)
     a, b = ins["a"].view, ins["b"].view
     c = output_2d("c", (a.shape[0], b.shape[1]), a.dtype)
-    f(a, b, c.view)
+    with launches.watch({**ins, "c": c}, outputs=("c",)) as w:
+        f(a, b, c.view)
     _sync()
     return {"c": _f64(c.view), "_stray": _strays(ins, {"c": c}, case),
-            "_unwritten": {"c": unwritten(c).cpu().numpy()}}
+            "_unwritten": {"c": unwritten(c).cpu().numpy()}, "_violations": w.violations(["c"])}
 
 
 def _matmul_ref(case):
@@ -240,6 +280,8 @@ def _matmul_ref(case):
 
 def _matmul_tol_rel(case):
     dt = case.params["dtype"]
+    if "check" in case.params:
+        return FP32_ACC_REL
     if dt == "fp32":
         return 1e-5 if device.INTERPRET else 5e-3     # on a GPU, tl.dot on fp32 may use TF32
     return {"fp16": 1e-2, "bf16": 4e-2}[dt]
@@ -259,7 +301,23 @@ def _matmul_bugs():
         with np.errstate(all="ignore"):
             return {"c": a @ b}
 
+    def fp16_accumulator(case):
+        if case.params["dtype"] != "fp16":
+            return None
+        a, b = (case.inputs[n].float().cpu().numpy() for n in "ab")
+        alts = []
+        for bk in (16, 32, 64, 128, 256):
+            acc = np.zeros((a.shape[0], b.shape[1]), np.float16)
+            for k0 in range(0, a.shape[1], bk):
+                acc = (acc.astype(np.float32) + a[:, k0:k0 + bk] @ b[k0:k0 + bk]).astype(np.float16)
+            alts.append({"c": acc.astype(np.float64)})
+        return alts
+
     return [
+        Bug("fp16_accumulator", "accumulator in fp16",
+            "with fp16 inputs the accumulator must still be float32 (acc = tl.zeros(..., dtype=tl.float32), "
+            "acc = tl.dot(a, b, acc)), cast to C's dtype once, at the store: an fp16 accumulator rounds after "
+            "every BLOCK_K chunk, and with |C| in the thousands its spacing is 1 or 2.", fp16_accumulator),
         Bug("k_tail_dropped", "K tail dropped",
             "the loop over K must cover cdiv(K, BLOCK_K) blocks, the last one masked "
             "(offs_k < K, other=0.0), so the tail's products are added.", k_tail_dropped),
@@ -285,13 +343,42 @@ _TORCH_DTYPES = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfl
 
 
 class KernelCase(Case):
-    """A flash_forward / flash_backward case: says when the tensors are transposed views."""
+    """A flash_forward / flash_backward case: names every tensor not in the plain layout (each is a view
+    into a padded buffer; see LAYOUTS)."""
 
     def describe(self) -> str:
         text = super().describe()
-        if self.params.get("layout") == "BNHD":
-            text += ", (B, N, H, D) views"
+        lay = layouts_of(self)
+        odd = [f"{n} {LAYOUT_WORDS[l]}" for n, l in lay.items() if l != "BHND"]
+        if odd:
+            text += ", " + ", ".join(odd)
         return text
+
+
+# How a (B, H, N, D) tensor lies in its padded buffer.  Same-shaped tensors get different layouts in the
+# "mixed" cases, so that a kernel addressing one with another's strides reads or writes the wrong places.
+LAYOUTS = ("BHND", "BNHD", "HBND", "BHND+D")
+LAYOUT_WORDS = {"BHND": "(B, H, N, D)", "BNHD": "a (B, N, H, D) view", "HBND": "an (H, B, N, D) buffer",
+                "BHND+D": "rows padded to D + 8"}
+MIXED = {   # tensor -> layout, per mixed case kind
+    "mixed1": {"q": "BNHD", "k": "HBND", "v": "BHND+D", "o": "BHND", "do": "HBND", "dq": "BHND+D",
+               "dk": "BNHD", "dv": "BHND"},
+    "mixed2": {"q": "BHND+D", "k": "BHND", "v": "BNHD", "o": "HBND", "do": "BNHD", "dq": "HBND",
+               "dk": "BHND+D", "dv": "BNHD"},
+}
+
+
+def layouts_of(case) -> dict:
+    """Tensor name -> layout for a kernel case."""
+    p = case.params
+    kind = p.get("layout", "BHND")
+    names = ["q", "k", "v", "o"] + (["do", "dq", "dk", "dv"] if "do" in case.inputs else [])
+    if kind in MIXED:
+        return {n: MIXED[kind][n] for n in names}
+    out = {n: kind for n in names}
+    if p.get("dO layout") == "bnhd":
+        out["do"] = "BNHD"
+    return out
 
 
 def _kernel_cases(rng, backward=False):
@@ -319,6 +406,8 @@ def _kernel_cases(rng, backward=False):
             (1, 2, 40, 33, 16, True, "fp32", None, "BHND"),    # Nk = 32 + 1, causal with Nq > Nk
             (1, 1, 17, 17, 16, False, "fp16", None, "BNHD"),   # Nk = 16 + 1
             (1, 2, 45, 45, 32, True, "fp32", 1000.0, "BHND"),  # |S| ~ 1000
+            (2, 2, 40, 40, 16, False, "fp32", None, "mixed1"),  # q, k, v, o each in its own layout
+            (1, 2, 33, 47, 16, True, "fp16", None, "mixed2"),   # another assignment, Nq != Nk
         ]
         if device.DEVICE.type == "cuda":
             extra += [(2, 8, 513, 129, 128, False, "fp16", None, "BNHD"),
@@ -375,16 +464,29 @@ def _sync():
 
 
 def _guard_4d(name, values, layout="BHND", fill=None):
-    """A poisoned buffer for a (B, H, N, D) tensor; layout "BNHD": the buffer is (B, N + 8, H, D) and the
-    view its transpose, as when a model's (B, N, H, D) activations are passed as q.transpose(1, 2)."""
-    if layout != "BNHD":
-        return padded(name, values, fill)
-    buf = padded(name, values.transpose(1, 2), fill, row_dim=1)
-    return dataclasses.replace(buf, view=buf.view.transpose(1, 2))
+    """A poisoned buffer for a (B, H, N, D) tensor laid out as ``layout`` (LAYOUTS): "BHND" rows padded
+    (N + 8 per (batch, head)); "BNHD": a (B, N + 8, H, D) buffer seen transposed, as a model's activations
+    passed as q.transpose(1, 2); "HBND": an (H, B, N + 8, D) buffer seen permuted (stride_b < stride_h);
+    "BHND+D": (B, H, N + 8, D + 8), each row padded too (stride_n = D + 8)."""
+    if layout == "BNHD":
+        buf = padded(name, values.transpose(1, 2), fill, row_dim=1)
+        return dataclasses.replace(buf, view=buf.view.transpose(1, 2))
+    if layout == "HBND":
+        buf = padded(name, values.transpose(0, 1), fill)
+        return dataclasses.replace(buf, view=buf.view.transpose(0, 1))
+    if layout == "BHND+D":
+        b, h, n, d = values.shape
+        fill_v = float("nan") if fill is None else fill
+        wide = torch.full((b, h, n, d + 8), fill_v, dtype=values.dtype, device=values.device)
+        wide[..., :d] = values
+        buf = padded(name, wide, fill)
+        return dataclasses.replace(buf, view=buf.view[..., :d])
+    return padded(name, values, fill)
 
 
 def _guard_inputs(case, names):
-    return {n: _guard_4d(n, case.inputs[n], case.params.get("layout", "BHND")) for n in names}
+    lay = layouts_of(case)
+    return {n: _guard_4d(n, case.inputs[n], lay.get(n, "BHND")) for n in names}
 
 
 def _input_strays(bufs, case):
@@ -402,15 +504,17 @@ def _fwd_run(f, case, v_override=None):
         ins["v"].view.copy_(v_override)
     q = ins["q"].view
     o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
-                  p.get("layout", "BHND"), SENTINEL[q.dtype])
+                  layouts_of(case)["o"], SENTINEL[q.dtype])
     lse = output_buffer("lse", q.shape[:3], torch.float32, q.device, row_dim=-1)
-    f(q, ins["k"].view, ins["v"].view, o.view, lse.view, p["causal"])
+    with launches.watch({**ins, "o": o, "lse": lse}, outputs=("o", "lse")) as w:
+        f(q, ins["k"].view, ins["v"].view, o.view, lse.view, p["causal"])
     _sync()
     strays = [s for s in (stray_writes(o), stray_writes(lse)) if s]
     if v_override is None:
         strays += _input_strays(ins, case)
     return {"o": _f64(o.view), "lse": _f64(lse.view), "_stray": [str(s) for s in strays],
-            "_unwritten": {"o": unwritten(o).cpu().numpy(), "lse": unwritten(lse).cpu().numpy()}}
+            "_unwritten": {"o": unwritten(o).cpu().numpy(), "lse": unwritten(lse).cpu().numpy()},
+            "_violations": w.violations(["o", "lse"])}
 
 
 def _fwd_probe(f, case):
@@ -436,15 +540,63 @@ def _fwd_wrong_stride(case):
     k, v = (KB.read_with_strides(ins[n], q.stride()) for n in "kv")
     if k is None or v is None or q.stride() == ins["k"].view.stride():
         return None
-    qn = _f64(case.inputs["q"])
+    return _fwd_from(case, _f64(case.inputs["q"]), k, v)
+
+
+def _fwd_from(case, q, k, v):
     p = case.params
     s = 1.0 / math.sqrt(p["D"])
-    o, lse = np.empty(qn.shape), np.empty(qn.shape[:3])
+    o, lse = np.empty(q.shape), np.empty(q.shape[:3])
     with np.errstate(all="ignore"):
         for b in range(p["B"]):
             for h in range(p["H"]):
-                o[b, h], lse[b, h] = R.attention_naive(qn[b, h], k[b, h], v[b, h], p["causal"], s)
+                o[b, h], lse[b, h] = R.attention_naive(q[b, h], k[b, h], v[b, h], p["causal"], s)
     return {"o": o, "lse": lse}
+
+
+def _read_with(case, target, source):
+    """``target`` read with ``source``'s strides (both inputs), the others right."""
+    ins = _guard_inputs(case, "qkv")
+    if ins[target].view.stride() == ins[source].view.stride():
+        return None
+    bad = KB.read_with_strides(ins[target], ins[source].view.stride())
+    if bad is None:
+        return None
+    t = {n: (bad if n == target else _f64(case.inputs[n])) for n in "qkv"}
+    return _fwd_from(case, t["q"], t["k"], t["v"])
+
+
+def _o_stored_with(case, source):
+    """O stored with ``source``'s strides from o's base pointer: what o then holds (sentinel where not written)."""
+    ins = _guard_inputs(case, "qkv")
+    q = ins["q"].view
+    o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
+                  layouts_of(case)["o"], SENTINEL[q.dtype])
+    strides = ins[source].view.stride()
+    if strides == o.view.stride():
+        return None
+    ref = _fwd_ref(case)
+    start = (o.view.data_ptr() - o.flat.data_ptr()) // o.view.element_size()
+    hi = start + sum((n - 1) * st for n, st in zip(o.view.shape, strides))
+    if hi >= o.flat.numel():
+        return None
+    torch.as_strided(o.flat, o.view.shape, strides, start).copy_(torch.from_numpy(ref["o"]).to(o.flat.dtype))
+    return {"o": _f64(o.view), "lse": ref["lse"]}
+
+
+def _stride_pair_bugs():
+    """One known bug per pair of same-shaped tensors: read (or stored) with the other's strides."""
+    out = []
+    for target, source in (("v", "k"), ("k", "v"), ("k", "q"), ("v", "q"), ("q", "k")):
+        out.append(Bug(f"strides_{target}_{source}", f"`{target}` read with `{source}`'s strides",
+                       f"each tensor has its own strides (the grader lays out q, k, v, o differently): address "
+                       f"`{target}` with {target}.stride(...), not with {source}'s.",
+                       (lambda t, s: lambda case: _read_with(case, t, s))(target, source)))
+    for source in ("q", "k", "v"):
+        out.append(Bug(f"strides_o_{source}", f"`o` stored with `{source}`'s strides",
+                       f"each tensor has its own strides: store O with o.stride(...), not with {source}'s.",
+                       (lambda s: lambda case: _o_stored_with(case, s))(source)))
+    return out
 
 
 def _fwd_kernel_bugs():
@@ -457,7 +609,7 @@ def _fwd_kernel_bugs():
         return outputs
     return [Bug(*KB.CAUSAL_REVERSED, tiled(KB.causal_wrong_side("reversed"))),
             Bug(*KB.CAUSAL_INVERTED, tiled(KB.causal_wrong_side("inverted"))),
-            Bug(*KB.WRONG_STRIDE, _fwd_wrong_stride)]
+            Bug(*KB.WRONG_STRIDE, _fwd_wrong_stride)] + _stride_pair_bugs()
 
 
 def _kernel_tol(case, name, ref):
