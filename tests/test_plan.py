@@ -311,6 +311,39 @@ def test_variant_calls_run_the_plans_steps(rng, spy, monkeypatch, window, causal
         assert (got.double() - w).abs().max() < 1e-3
 
 
+def test_packed_variant_call_runs_the_plans_steps(rng, spy):
+    """flash_attention_varlen plans B = the number of sequences, Nq / Nk = the longest; its steps run with the plan's
+    tiles and grids (Delta's grid over every packed row); the result matches float64 sequence by sequence."""
+    from flashlab.variants import flash_attention_varlen
+    lens = [5, 37, 0, 20]
+    cu = torch.tensor([0, 5, 42, 42, 62], dtype=torch.int32, device=DEV)
+    q = torch.randn(62, 4, 16, device=DEV, requires_grad=True)
+    k, v = (torch.randn(62, 2, 16, device=DEV, requires_grad=True) for _ in range(2))
+    o = flash_attention_varlen(q, k, v, cu, cu, 40, 40, is_causal=True, enable_gqa=True, scale=0.25)
+    do = torch.randn_like(o)
+    o.backward(do)
+    p = P.plan(4, 4, 40, 40, 16, fp32, True, variant=P.Variant(kv_groups=2, varlen=True))
+    assert (p.fwd_version, p.bwd_version) == ("v4", "v5") and "packed" in str(p)
+    got = [(fn, cfg, grid) for fn, cfg, grid in spy]
+    assert [g[0] for g in got] == ["flash_fwd_kernel_v4", "flash_bwd_delta_v5", "flash_bwd_dkdv_kernel_v5",
+                                   "flash_bwd_dq_kernel_v5"]
+    assert got[0][1:] == (p.forward[0].config, p.forward[0].grid) and got[0][2] == (2 * 4 * 4,)  # cdiv(40, 32) B H
+    assert got[1][2] == (-(-62 // p.backward[0].config.block_m) * 4,)
+    assert got[2][1:] == (p.backward[1].config, p.backward[1].grid) and got[2][2] == (2 * 4 * 2,)
+    assert got[3][1:] == (p.backward[2].config, p.backward[2].grid)
+    start = 0
+    for n in lens:
+        sl, start = slice(start, start + n), start + n
+        if n == 0:                                   # an empty sequence: nothing to compare
+            continue
+        qd, kd, vd = (t[sl].detach().double().transpose(0, 1)[None].requires_grad_() for t in (q, k, v))
+        ref = _band_reference(qd, kd, vd, 0.25, -1, 0, None)
+        ref.backward(do[sl].double().transpose(0, 1)[None])
+        assert (o[sl].double().transpose(0, 1)[None] - ref).abs().max() < 1e-4
+        for g, w in zip((q.grad, k.grad, v.grad), (qd.grad, kd.grad, vd.grad)):
+            assert (g[sl].double().transpose(0, 1)[None] - w).abs().max() < 1e-3
+
+
 @pytest.mark.parametrize("fv,bv", [("v1", "v1"), ("v2", "v2"), ("v3", "v3"), ("v3", "v4")])
 def test_forced_versions_and_tiles_run_as_planned(rng, spy, fv, bv):
     q, k, v = (torch.randn(1, 2, n, 32, device=DEV, dtype=fp16) for n in (50, 40, 40))
