@@ -50,6 +50,30 @@ def _bench(args):
     return 0
 
 
+def _plan_variant(args, H: int):
+    """The plan's Variant from the variant flags (ValueError naming the flag on bad input)."""
+    from .kernels import plan as P
+    groups = 1
+    if args.gqa is not None:
+        if args.gqa < 1 or H % args.gqa:
+            raise ValueError(f"--gqa takes the number of K/V heads, a divisor of H = {H}; got {args.gqa}")
+        groups = H // args.gqa
+    window = None
+    if args.window is not None:
+        try:
+            left, right = (int(x) for x in args.window.split(","))
+        except ValueError:
+            raise ValueError(f"--window must be L,R (two ints, -1 unbounded), e.g. 1023,0; got {args.window!r}")
+        if left < -1 or right < -1:
+            raise ValueError(f"--window takes ints >= 0, or -1 for unbounded; got {args.window!r}")
+        window = (left, right)
+    if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
+        raise ValueError(f"--dropout takes a probability in [0, 1), got {args.dropout}")
+    mask = {None: None, "bool": "bool", "float": "additive"}[args.mask]
+    return P.Variant(kv_groups=groups, window=window, softcap=args.softcap, alibi=args.alibi, mask=mask,
+                     dropout=bool(args.dropout), varlen=args.varlen)
+
+
 def _plan(args):
     import torch
 
@@ -71,8 +95,17 @@ def _plan(args):
         dtype = torch.float32
         notes.append("bf16 runs as fp32 in the interpreter (its bf16 tl.dot is wrong); the output is bf16")
     layout = P.Layout(tma=not args.no_tma, no_zero_stride=not args.kv_expanded)
+    try:
+        variant = _plan_variant(args, H)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if variant.varlen:
+        notes.append("packed sequences: B is the number of sequences, N (and --nk) the longest")
+    if variant.features() and args.kv_expanded:
+        notes.append("--kv-expanded changes nothing for the variant kernels (plain pointers)")
     p = P.plan(B, H, N, args.nk or N, dk, dtype, args.causal, layout=layout, facts=facts,
-               deterministic=args.deterministic or None)
+               deterministic=args.deterministic or None, variant=variant)
     print(p)
     for n in notes:
         print("  note:", n)
@@ -96,6 +129,14 @@ def main(argv=None) -> int:
     p.add_argument("--kv-expanded", action="store_true", help="K, V expanded over heads (a stride 0)")
     p.add_argument("--no-tma", action="store_true", help="strides that tensor descriptors cannot take")
     p.add_argument("--deterministic", action="store_true", help="as under torch.use_deterministic_algorithms")
+    v = p.add_argument_group("variants (forward v4 / backward v5)")
+    v.add_argument("--gqa", type=int, metavar="H_KV", help="grouped-query attention with H_KV K/V heads")
+    v.add_argument("--window", metavar="L,R", help="sliding window (left, right), -1 unbounded, e.g. 1023,0")
+    v.add_argument("--softcap", action="store_true", help="soft-capped scores (c * tanh(s / c))")
+    v.add_argument("--alibi", action="store_true", help="ALiBi biases")
+    v.add_argument("--mask", choices=["bool", "float"], help="an attention mask: boolean or additive (float)")
+    v.add_argument("--dropout", type=float, metavar="P", help="dropout probability")
+    v.add_argument("--varlen", action="store_true", help="packed sequences (B sequences of at most N tokens)")
     p.set_defaults(func=_plan)
 
     from . import device
@@ -125,6 +166,10 @@ def main(argv=None) -> int:
     grader_cli.add_commands(sub)
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    given, argv = iter(sys.argv[1:] if argv is None else argv), []
+    for a in given:      # "--window -1,64": argparse takes a value that starts with "-" for a flag
+        nxt = next(given, None) if a == "--window" else None
+        argv.append(a if nxt is None else f"--window={nxt}")
     args = parser.parse_args(argv)
     args.causal_given, args.dtypes_given = "--causal" in argv, "--dtypes" in argv
     try:

@@ -249,6 +249,32 @@ def _band(left: int, right: int):
     return None if (left < 0 and right < 0) else (left, right)
 
 
+def _variant_args(mask, slopes, cu_q, cu_k, softcap: float, dropout_p: float, seed: int) -> dict:
+    """What forward v4 / backward v5 take besides the plan (the kernels' ``variant_args``)."""
+    return dict(mask=mask, slopes=slopes, cu_q=cu_q, cu_k=cu_k, softcap=softcap if softcap > 0 else None,
+                dropout_p=dropout_p, seed=seed)
+
+
+def _plan(qp, kp, vp, mask, args, varlen: bool, B: int, H: int, Hk: int, max_q: int, max_k: int, left: int,
+          right: int, softcap: float, dropout_p: float, allow_tf32: bool):
+    """The launch plan of a variant call (flashlab.kernels.plan): which kernels, tiles and grids run, and why.
+
+    The band (left, right) is told to the plan as causal (right = 0, left unbounded) and / or a window; a
+    call with no feature at all (window=(-1, -1)) still runs forward v4 / backward v5, as every call here does."""
+    from .kernels import plan as P
+    causal = right == 0
+    window = None if (causal and left < 0) else _band(left, right)
+    variant = P.Variant(kv_groups=H // Hk, window=window, softcap=args["softcap"] is not None,
+                        alibi=args["slopes"] is not None,
+                        mask=None if mask is None else ("bool" if mask.dtype == torch.bool else "additive"),
+                        dropout=dropout_p > 0, varlen=varlen)
+    force = dict(forward_version="v4", backward_version="v5") if not variant.features() else {}
+    if varlen:
+        return P.plan(B, H, max_q, max_k, qp.shape[-1], qp.dtype, causal, allow_tf32=allow_tf32, variant=variant,
+                      **force)
+    return P.plan_for(qp, kp, vp, causal, allow_tf32=allow_tf32, variant=variant, **force)
+
+
 def _draw_seed(dropout_p: float, seed: int) -> int:
     if dropout_p > 0 and seed < 0:
         return int(torch.randint(0, 2**62, (), dtype=torch.int64).item())   # torch.manual_seed governs it
@@ -292,11 +318,10 @@ def _forward(q, k, v, mask, slopes, cu_q, cu_k, max_q: int, max_k: int, left: in
         lse = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
     seed = _draw_seed(dropout_p, seed)
     m = None if varlen else _expand_mask(mask, B, H, Nq, Nk)
-    from .kernels.forward_v4 import launch_forward_v4
-    launch_forward_v4(qp, kp, vp, o, lse, scale=scale, group=H // Hk, band=_band(left, right),
-                      softcap=softcap if softcap > 0 else None, mask=m, slopes=_slopes_view(slopes, B, H),
-                      cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, dropout_p=dropout_p, seed=seed,
-                      allow_tf32=allow_tf32)
+    from . import kernels
+    args = _variant_args(m, _slopes_view(slopes, B, H), cu_q, cu_k, softcap, dropout_p, seed)
+    p = _plan(qp, kp, vp, m, args, varlen, B, H, Hk, max_q, max_k, left, right, softcap, dropout_p, allow_tf32)
+    kernels.launch_forward(qp, kp, vp, o, lse, p.causal, scale, plan_=p, **args)
     return o[..., :D].to(q.dtype), lse, seed
 
 
@@ -315,11 +340,10 @@ def _backward(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q: int, max_k: 
     else:
         B = q.shape[0]
         m = _expand_mask(mask, B, H, q.shape[2], k.shape[2])
-    from .kernels.backward_v5 import launch_backward_v5
-    launch_backward_v5(qp, kp, vp, op, lse, dop, dq, dk, dv, scale=scale, group=H // Hk, band=_band(left, right),
-                       softcap=softcap if softcap > 0 else None, mask=m, slopes=_slopes_view(slopes, B, H),
-                       cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, dropout_p=dropout_p, seed=seed,
-                       allow_tf32=allow_tf32)
+    from . import kernels
+    args = _variant_args(m, _slopes_view(slopes, B, H), cu_q, cu_k, softcap, dropout_p, seed)
+    p = _plan(qp, kp, vp, m, args, varlen, B, H, Hk, max_q, max_k, left, right, softcap, dropout_p, allow_tf32)
+    kernels.launch_backward(qp, kp, vp, op, lse, dop, dq, dk, dv, p.causal, scale, plan_=p, **args)
     return dq[..., :D].to(q.dtype), dk[..., :D].to(q.dtype), dv[..., :D].to(q.dtype)
 
 

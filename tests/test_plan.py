@@ -105,10 +105,16 @@ def test_stride_zero_kv_never_reaches_v4():
 
 def test_variants_are_the_extension_point(monkeypatch):
     """A variant feature no version implements is a clear error; a version that declares it is chosen."""
+    from flashlab.kernels import backward_v5, forward_v4
     gqa = P.Variant(kv_groups=4)
     assert gqa.features() == {"gqa"} and P.PLAIN.features() == frozenset()
+    monkeypatch.setattr(forward_v4, "SUPPORTS", forward_v4.SUPPORTS - {"gqa"})
     with pytest.raises(ValueError, match="gqa"):
-        P.plan(1, 8, 256, 256, 64, fp16, False, variant=gqa, facts=P.H200)
+        P.plan(1, 8, 264, 264, 64, fp16, False, variant=gqa, facts=P.H200)
+    monkeypatch.setattr(backward_v5, "SUPPORTS", frozenset())
+    with pytest.raises(ValueError, match="window"):
+        P.plan(1, 8, 264, 264, 64, fp16, False, variant=P.Variant(window=(8, 0)), facts=P.H200)
+    monkeypatch.undo()
 
     class V9:                      # a kernel module as the registry sees one
         SUPPORTS = frozenset({"gqa", "window"})
@@ -125,6 +131,56 @@ def test_variants_are_the_extension_point(monkeypatch):
     kernels.launch_forward(q, kv, kv, q.clone(), q[..., 0].float(), False, 0.2, variant=gqa, window_seed=7)
     (got, args), = V9.launched
     assert got.fwd_version == "v9" and got.variant == gqa and args == {"window_seed": 7}
+
+
+V4_FWD = {64: C(128, 64, 4, 3), 128: C(128, 64, 8, 3)}                       # today's hand-picked first configs
+V5_BWD = {64: (C(32, 64, 4, 3), C(64, 32, 4, 3)), 128: (C(64, 128, 8, 3), C(128, 64, 8, 3))}
+
+
+@pytest.mark.parametrize("facts", [P.T4, P.L4, P.H200], ids=["T4", "L4", "H200"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", [fp16, fp32])
+def test_variant_choices_on_a_t4_an_l4_and_an_h200(facts, D, dtype):
+    """Variants plan forward v4 / backward v5 with hand-picked tiles that fit (on the H200: the tiles they ran with
+    before the plan), the dK/dV grid over the K/V heads; the same shape without a feature keeps the plain choice."""
+    B, H, N = 2, 32, 8192
+    plain = P.plan(B, H, N, N, D, dtype, True, facts=facts)
+    for var in (P.Variant(window=(1023, 0)), P.Variant(kv_groups=4), P.Variant(kv_groups=8, softcap=True, alibi=True,
+                mask="bool", dropout=True), P.Variant(varlen=True, window=(-1, 64))):
+        p = P.plan(B, H, N, N, D, dtype, True, variant=var, facts=facts)
+        assert (p.fwd_version, p.bwd_version) == ("v4", "v5"), (var, p)
+        assert [s.kernel for s in p.forward + p.backward] == ["fwd v4", "preprocess", "dkdv v5", "dq v5"]
+        for s in p.forward + p.backward[1:]:
+            assert not s.autotune and s.config is not None and _fits(s, facts), (s.kernel, s.config, facts.name)
+            assert "never autotunes" in s.reason or dtype == fp32
+        fwd, dkdv, dq = p.forward[0], p.backward[1], p.backward[2]
+        assert fwd.grid == (-(-N // fwd.config.block_m) * B * H,)
+        assert dkdv.grid == (-(-N // dkdv.config.block_n) * B * (H // var.kv_groups),)
+        assert dq.grid == (-(-N // dq.config.block_m) * B * H,)
+        if facts is P.H200 and dtype == fp16:
+            assert fwd.config == V4_FWD[D] and (dkdv.config, dq.config) == V5_BWD[D]
+        if facts is P.T4 and dtype == fp16 and D == 128:
+            assert fwd.config != V4_FWD[D]                     # 128 x 64 does not fit 64 KB: the plan fits
+        assert "variant features" in p.reasons["fwd"] and "v4" in str(p) and "v5" in str(p)
+    assert P.plan(B, H, N, N, D, dtype, True, facts=facts) is plain           # plain plans untouched and cached
+    want = {(P.H200, fp16, 64): ("v3", "v4"), (P.H200, fp16, 128): ("v3", "v2")}.get((facts, dtype, D))
+    want = want or (("v1", "v1") if dtype == fp32 else ("v2", "v2"))
+    assert (plain.fwd_version, plain.bwd_version) == want
+    assert "v4" not in P.FORWARD_VERSIONS and "v5" not in P.BACKWARD_VERSIONS   # scripts compare the plain ones
+
+
+def test_variant_band_and_key():
+    """causal and window make one band, as flash_attention's; the window is part of the plan key."""
+    assert P.Variant().band(True) == (-1, 0) and P.Variant().band(False) is None
+    assert P.Variant(window=(5, 3)).band(True) == (5, 0) and P.Variant(window=(5, -1)).band(False) == (5, -1)
+    assert P.Variant(window=[4, 0]) == P.Variant(window=(4, 0))
+    with pytest.raises(ValueError, match="mask"):
+        P.Variant(mask="float")
+    a = P.plan(1, 4, 300, 300, 64, fp16, True, variant=P.Variant(window=(63, 0)), facts=P.L4)
+    b = P.plan(1, 4, 300, 300, 64, fp16, True, variant=P.Variant(window=(127, 0)), facts=P.L4)
+    assert a is not b and "(63, 0)" in str(a) and "(127, 0)" in str(b)
+    with pytest.raises(ValueError, match="kv_groups"):
+        P.plan(1, 6, 300, 300, 64, fp16, True, variant=P.Variant(kv_groups=4), facts=P.L4)
 
 
 def test_autotuned_step_says_what_it_picked():
@@ -148,6 +204,24 @@ def test_cli_prints_the_plan(capsys):
     assert main(["plan", "--shape", "1,16,4096,64", "--device", "h200", "--kv-expanded"]) == 0
     assert "backward v3" in capsys.readouterr().out
     assert main(["plan", "--shape", "1,2,3"]) == 2
+
+
+def test_cli_prints_a_variant_plan(capsys):
+    from flashlab.__main__ import main
+    assert main(["plan", "--shape", "2,32,8192,128", "--causal", "--window", "1023,0", "--device", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "window (left, right) = (1023, 0)" in out and "forward  v4" in out and "backward v5" in out
+    assert "fwd v4       128x64, 8 warps, 3 stages, grid 4096" in out      # cdiv(8192, 128) * 2 * 32
+    assert "dkdv v5      64x128, 8 warps, 3 stages, grid 4096" in out and "dq v5" in out
+    assert main(["plan", "--shape", "2,32,1000,80", "--gqa", "4", "--varlen", "--dropout", "0.1", "--mask", "float",
+                 "--softcap", "--alibi", "--device", "t4"]) == 0
+    out = capsys.readouterr().out
+    assert "gqa (8 query heads per K/V head)" in out and "additive mask" in out and "varlen" in out
+    assert "dropout" in out and "softcap" in out and "alibi" in out and "64 KB" in out and "packed" in out
+    assert "dkdv v5      32x32, 4 warps, 1 stages, grid 256" in out       # cdiv(1000, 32) * B 2 * 4 K/V heads
+    for bad in (["--gqa", "5"], ["--window", "1,2,3"], ["--window", "-2,0"], ["--dropout", "1.5"]):
+        assert main(["plan", "--shape", "2,32,1000,64"] + bad) == 2
+        assert bad[0] in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- the launchers obey the plan
@@ -185,6 +259,91 @@ def test_the_op_runs_its_plan(rng, spy, causal, dtype):
     assert set(spy) == want, (spy, want)
 
 
+def _band_reference(q, k, v, scale, left, right, softcap):
+    """float64 attention with GQA, a top-left band (-1 unbounded) and soft-capping; rows that see no key give 0."""
+    q, k, v = (t.double() for t in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(q.shape[2])[:, None]
+    j = torch.arange(k.shape[2])[None, :]
+    ok = torch.ones_like(i - j, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    s = s.masked_fill(~ok.to(s.device), float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    return p @ v
+
+
+@pytest.mark.parametrize("window,causal,softcap", [((5, 0), True, None), ((-1, 7), False, 3.0), (None, True, None)])
+def test_variant_calls_run_the_plans_steps(rng, spy, monkeypatch, window, causal, softcap):
+    """flash_attention with variants goes through kernels.launch_forward / launch_backward with a plan, and runs
+    exactly that plan's steps (forward v4, backward v5: kernels, tiles, grids); the result matches float64."""
+    plans = []
+    real_f, real_b = kernels.launch_forward, kernels.launch_backward
+    monkeypatch.setattr(kernels, "launch_forward", lambda *a, **kw: (plans.append(kw["plan_"]), real_f(*a, **kw)))
+    monkeypatch.setattr(kernels, "launch_backward", lambda *a, **kw: (plans.append(kw["plan_"]), real_b(*a, **kw)))
+    q = torch.randn(1, 4, 70, 32, device=DEV, requires_grad=True)
+    k, v = (torch.randn(1, 2, 45, 32, device=DEV, requires_grad=True) for _ in range(2))
+    o = flash_attention(q, k, v, is_causal=causal, scale=0.3, enable_gqa=True, window=window, softcap=softcap)
+    do = torch.randn_like(o)
+    o.backward(do)
+    pf, pb = plans
+    assert pf is pb and (pf.fwd_version, pf.bwd_version) == ("v4", "v5") and pf.variant.kv_groups == 2
+    assert pf.variant.softcap == (softcap is not None) and pf.causal == causal
+    names = {"fwd v4": "flash_fwd_kernel_v4", "preprocess": "flash_bwd_delta_v5", "dkdv v5": "flash_bwd_dkdv_kernel_v5",
+             "dq v5": "flash_bwd_dq_kernel_v5"}
+    want = [(names[s.kernel], s.config, s.grid) for s in pf.forward + pf.backward]
+    assert spy == want, (spy, want)
+    assert spy[2][2] == (2 * 1 * 2,)                           # dK/dV: cdiv(45, 32) tiles x B x 2 K/V heads
+    left, right = window or (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = _band_reference(qd, kd, vd, 0.3, left, right, softcap)
+    ref.backward(do.double())
+    assert (o.double() - ref).abs().max() < 1e-4
+    for got, w in zip((q.grad, k.grad, v.grad), (qd.grad, kd.grad, vd.grad)):
+        assert (got.double() - w).abs().max() < 1e-3
+
+
+def test_packed_variant_call_runs_the_plans_steps(rng, spy):
+    """flash_attention_varlen plans B = the number of sequences, Nq / Nk = the longest; its steps run with the plan's
+    tiles and grids (Delta's grid over every packed row); the result matches float64 sequence by sequence."""
+    from flashlab.variants import flash_attention_varlen
+    lens = [5, 37, 0, 20]
+    cu = torch.tensor([0, 5, 42, 42, 62], dtype=torch.int32, device=DEV)
+    q = torch.randn(62, 4, 16, device=DEV, requires_grad=True)
+    k, v = (torch.randn(62, 2, 16, device=DEV, requires_grad=True) for _ in range(2))
+    o = flash_attention_varlen(q, k, v, cu, cu, 40, 40, is_causal=True, enable_gqa=True, scale=0.25)
+    do = torch.randn_like(o)
+    o.backward(do)
+    p = P.plan(4, 4, 40, 40, 16, fp32, True, variant=P.Variant(kv_groups=2, varlen=True))
+    assert (p.fwd_version, p.bwd_version) == ("v4", "v5") and "packed" in str(p)
+    got = [(fn, cfg, grid) for fn, cfg, grid in spy]
+    assert [g[0] for g in got] == ["flash_fwd_kernel_v4", "flash_bwd_delta_v5", "flash_bwd_dkdv_kernel_v5",
+                                   "flash_bwd_dq_kernel_v5"]
+    assert got[0][1:] == (p.forward[0].config, p.forward[0].grid) and got[0][2] == (2 * 4 * 4,)  # cdiv(40, 32) B H
+    assert got[1][2] == (-(-62 // p.backward[0].config.block_m) * 4,)
+    assert got[2][1:] == (p.backward[1].config, p.backward[1].grid) and got[2][2] == (2 * 4 * 2,)
+    assert got[3][1:] == (p.backward[2].config, p.backward[2].grid)
+    start = 0
+    for n in lens:
+        sl, start = slice(start, start + n), start + n
+        if n == 0:                                   # an empty sequence: nothing to compare
+            continue
+        qd, kd, vd = (t[sl].detach().double().transpose(0, 1)[None].requires_grad_() for t in (q, k, v))
+        ref = _band_reference(qd, kd, vd, 0.25, -1, 0, None)
+        ref.backward(do[sl].double().transpose(0, 1)[None])
+        assert (o[sl].double().transpose(0, 1)[None] - ref).abs().max() < 1e-4
+        for g, w in zip((q.grad, k.grad, v.grad), (qd.grad, kd.grad, vd.grad)):
+            assert (g[sl].double().transpose(0, 1)[None] - w).abs().max() < 1e-3
+
+
 @pytest.mark.parametrize("fv,bv", [("v1", "v1"), ("v2", "v2"), ("v3", "v3"), ("v3", "v4")])
 def test_forced_versions_and_tiles_run_as_planned(rng, spy, fv, bv):
     q, k, v = (torch.randn(1, 2, n, 32, device=DEV, dtype=fp16) for n in (50, 40, 40))
@@ -208,7 +367,7 @@ def test_forced_versions_and_tiles_run_as_planned(rng, spy, fv, bv):
         assert (got.double() - want).abs().max() < 2e-2
 
 
-@pytest.mark.parametrize("fv,bv", [("v1", "v1"), ("v2", "v2"), ("v3", "v3"), ("v3", "v4")])
+@pytest.mark.parametrize("fv,bv", [("v1", "v1"), ("v2", "v2"), ("v3", "v3"), ("v3", "v4"), ("v4", "v5")])
 def test_runner_arguments_are_every_parameter_in_order(rng, monkeypatch, fv, bv):
     """What a compiled kernel's runner is given after the first launch (tiles._Runner): the launcher's
     positional arguments are exactly the kernel's non-constexpr parameters, in order, and every constexpr
@@ -232,7 +391,7 @@ def test_runner_arguments_are_every_parameter_in_order(rng, monkeypatch, fv, bv)
     assert len(seen) >= 3
     for kern, a, full in seen:
         params = list(inspect.signature(kern.fn).parameters.values())
-        const = [p.annotation is tl.constexpr for p in params]
+        const = [p.annotation is tl.constexpr or p.annotation == "tl.constexpr" for p in params]   # (string: postponed)
         assert len(params) == len(kern.arg_names) and not any(const[:len(a)]) and all(const[len(a):]), kern
         assert all(p.name in full or p.default is not p.empty for p in params[len(a):]), kern
 

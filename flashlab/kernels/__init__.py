@@ -15,8 +15,9 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                v5 backward_v5.py  v2 with the variants' branches; GQA's dK/dV summed over the group in one program
                                   (no atomics); dropout's mask regenerated; flashlab.variants runs it
 
-Forward v4 and backward v5 are launched by :mod:`flashlab.variants` through their own launchers, not yet
-through the plan (the plan's ``Variant`` key and each module's ``SUPPORTS`` are the place they go).
+Forward v4 and backward v5 go through the same plan: a call with a :class:`~flashlab.kernels.plan.Variant`
+(``launch_forward(..., variant=...)``, as :mod:`flashlab.variants` calls it) is planned and launched like
+any other, its features choosing the versions whose ``SUPPORTS`` covers them.
 
 Which version, tiles and grid run for a call is the launch plan's choice (:mod:`.plan`:
 ``python -m flashlab plan --shape B,H,N,D`` prints it); :mod:`.tiles` has the shared-memory
@@ -103,8 +104,26 @@ def backward_config(head_dim: int, dtype: torch.dtype) -> tuple:
 _RUNNERS: dict = {}   # (plan, exact tensor specialisation) -> {step: compiled kernel's runner}
 
 
-def _runners(p, tensors) -> dict:
-    key = (p, tuple((t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors))
+def _specialisation(variant_args: dict) -> tuple:
+    """What of a variant's arguments decides the compiled kernel: each tensor's shape, strides, dtype and alignment,
+    and whether an int needs 64 bits (the dropout seed); floats are never specialised on."""
+    out = []
+    for name in sorted(variant_args):
+        a = variant_args[name]
+        if isinstance(a, torch.Tensor):
+            out.append((name, a.shape, a.stride(), a.dtype, a.data_ptr() & 15))
+        elif isinstance(a, bool) or a is None:
+            out.append((name, a))
+        elif isinstance(a, int):
+            out.append((name, not -2**31 <= a < 2**31))
+        else:
+            out.append((name, type(a).__name__))
+    return tuple(out)
+
+
+def _runners(p, tensors, variant_args=None) -> dict:
+    key = (p, tuple((t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors),
+           _specialisation(variant_args) if variant_args else ())
     r = _RUNNERS.get(key)
     if r is None:
         if len(_RUNNERS) >= 4096:
@@ -122,11 +141,14 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
     FORWARD_VERSIONS (default: the plan's).  ``config`` forces one tile config (no autotuning,
     no fallback).  ``plan_``: a plan made already (:func:`flashlab.kernels.plan.plan_for`).
     ``variant`` (:class:`flashlab.kernels.plan.Variant`) and ``variant_args`` (its tensors and
-    numbers: a mask, a dropout seed, cumulative lengths) go to a version that implements them.
+    numbers: a mask, a dropout seed, cumulative lengths) go to a version that implements them
+    (forward v4: :func:`flashlab.kernels.forward_v4.launch`).  A packed (varlen) call takes its plan
+    from :func:`flashlab.kernels.plan.plan` (q is (total, H, D), not (B, H, N, D)).
     """
     p = plan_ or plan.plan_for(q, k, v, causal, allow_tf32=allow_tf32, extra=(o,), forward_version=version,
                                forward_config=config, variant=variant)
-    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, _runners(p, (q, k, v, o, lse)), **variant_args)
+    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, _runners(p, (q, k, v, o, lse), variant_args),
+                                  **variant_args)
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *,
@@ -141,4 +163,4 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     p = plan_ or plan.plan_for(q, k, v, causal, allow_tf32=allow_tf32, extra=(do, dk, dv), backward_version=version,
                                backward_config=config, variant=variant)
     BACKWARD[p.bwd_version].launch(p, q, k, v, o, lse, do, dq, dk, dv, scale,
-                                   _runners(p, (q, k, v, o, lse, do, dq, dk, dv)), **variant_args)
+                                   _runners(p, (q, k, v, o, lse, do, dq, dk, dv), variant_args), **variant_args)

@@ -21,16 +21,18 @@ runs everywhere and is deterministic).  The same dK/dV and dQ kernels; what chan
 6. **Packed sequences (varlen)**: the sequence's rows start at CU_Q[b] / CU_K[b]; Delta and the
    LSE have strides of their own (the packed LSE is (H, total_q)).
 
-Launch: ``launch_backward_v5`` at the end of the file.
+Launch: ``launch`` at the end of the file runs the launch plan's backward steps; the dK/dV grid runs over
+the K/V heads (B * H // GROUP programs per K/V tile).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from . import tiles
 from .common import LOG2E_K, head_base, program_tile, tile_ptrs
-from .forward_v4 import (MASK_BOOL, MASK_NONE, band_tiles, dense_strides, dropout_keep, launch_first_that_fits,
-                         variant_scores)
+from .forward_v4 import band_tiles, dense_strides, dropout_keep, variant_arguments, variant_scores
+from .tiles import C
 
 
 @triton.jit
@@ -293,87 +295,64 @@ def flash_bwd_dq_kernel_v5(
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
-# ----------------------------------------------------------------------------------------- launcher
+# ------------------------------------------------------------------------------------- configs and launcher
 
-def _configs(head_dim: int, dtype, interpret: bool) -> list:
-    """((dK/dV BLOCK_M, BLOCK_N, warps, stages), (dQ ...)) pairs, best first: backward v2's list."""
+SUPPORTS = frozenset({"gqa", "window", "softcap", "alibi", "mask", "dropout", "varlen"})
+
+
+def backward_v5_configs(head_dim: int, dtype) -> list:
+    """Hand-picked (dK/dV config, dQ config) pairs, best first: backward v2's hand-picked list (v5 does not
+    autotune)."""
     import torch
-    if interpret:
-        return [((32, 32, 4, 1), (32, 32, 4, 1))]
     if dtype == torch.float32 or head_dim > 128:
-        return [((32, 32, 4, 1), (32, 32, 4, 1)), ((16, 32, 4, 1), (32, 16, 4, 1)), ((16, 16, 4, 1), (16, 16, 4, 1))]
+        return [(C(32, 32, 4, 1), C(32, 32, 4, 1)), (C(16, 32, 4, 1), C(32, 16, 4, 1)),
+                (C(16, 16, 4, 1), C(16, 16, 4, 1))]
     if head_dim <= 64:
-        return [((32, 64, 4, 3), (64, 32, 4, 3)), ((32, 64, 4, 2), (64, 32, 4, 2)), ((32, 32, 4, 1), (32, 32, 4, 1))]
-    return [((64, 128, 8, 3), (128, 64, 8, 3)), ((64, 64, 4, 2), (64, 64, 4, 2)),
-            ((32, 64, 4, 2), (64, 32, 4, 2)), ((32, 32, 4, 1), (32, 32, 4, 1))]
+        return [(C(32, 64, 4, 3), C(64, 32, 4, 3)), (C(32, 64, 4, 2), C(64, 32, 4, 2)),
+                (C(32, 32, 4, 1), C(32, 32, 4, 1))]
+    return [(C(64, 128, 8, 3), C(128, 64, 8, 3)), (C(64, 64, 4, 2), C(64, 64, 4, 2)),
+            (C(32, 64, 4, 2), C(64, 32, 4, 2)), (C(32, 32, 4, 1), C(32, 32, 4, 1))]
 
 
-def launch_backward_v5(q, k, v, o, lse, do, dq, dk, dv, *, scale: float, group: int = 1, band=None, softcap=None,
-                       mask=None, slopes=None, cu_q=None, cu_k=None, max_q=None, max_k=None,
-                       dropout_p: float = 0.0, seed: int = 0, allow_tf32: bool = False, config=None):
-    """Write dQ, dK, dV (shaped like q, k, v); the arguments mean what they mean in launch_forward_v4."""
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """{"dkdv": ..., "dq": ...}: the pairs of which both fit ``limit``, split by kernel; no autotuning."""
+    pairs = tiles.fitting_pairs(backward_v5_configs(head_dim, dtype), head_dim, dtype, limit, cc)
+    return {"dkdv": ([p[0] for p in pairs], []), "dq": ([p[1] for p in pairs], [])}
+
+
+def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, *, mask=None, slopes=None,
+           cu_q=None, cu_k=None, softcap=None, dropout_p: float = 0.0, seed: int = 0):
+    """Run the plan's backward steps (Delta, dK/dV, dQ) into dq, dk, dv (shaped like q, k, v); the arguments
+    mean what they mean in forward_v4.launch (the same plan, the same ``variant_args``)."""
     import torch
-    from .. import device
-    from .forward_v4 import MASK_ADD
-    varlen = cu_q is not None
+    varlen = plan.variant.varlen
+    H = plan.H
     if varlen:
-        H, D = q.shape[1], q.shape[2]
-        B, Nq, Nk = cu_q.shape[0] - 1, max_q, max_k
         total = q.shape[0]
         lse_strides = (0, lse.stride(0), lse.stride(1))
         delta = torch.empty((H, total), device=q.device, dtype=torch.float32)
         d_strides = (0, delta.stride(0), delta.stride(1))
-        pre = (1, total)
+        pre_rows, pre_b = total, 1
     else:
-        B, H, Nq, D = q.shape
-        Nk = k.shape[2]
         lse_strides = tuple(lse.stride())
-        delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        delta = torch.empty((plan.B, H, plan.Nq), device=q.device, dtype=torch.float32)
         d_strides = tuple(delta.stride())
-        pre = (B, Nq)
-    bm_pre = 32 if device.INTERPRET else 64
-    flash_bwd_delta_v5[(triton.cdiv(pre[1], bm_pre) * pre[0] * H,)](
-        o, do, delta, *dense_strides(o, varlen), *dense_strides(do, varlen), *d_strides, H, pre[1],
-        BLOCK_M=bm_pre, HEAD_DIM=D)
+        pre_rows, pre_b = plan.Nq, plan.B
+    s_pre, s_kv, s_q = plan.backward
+    tiles.run(s_pre, flash_bwd_delta_v5,
+              (o, do, delta, *dense_strides(o, varlen), *dense_strides(do, varlen), *d_strides, H, pre_rows),
+              dict(HEAD_DIM=plan.D), lambda cfg: tiles.grid_1d(triton.cdiv(pre_rows, cfg.block_m), pre_b * H),
+              runners, "pre")
 
-    big = Nq + Nk + 256
-    left, right = (big, big) if band is None else (big if band[0] < 0 else band[0], big if band[1] < 0 else band[1])
-    if mask is None:
-        kind, mptr, mstr = MASK_NONE, q, (0, 0, 0, 0)
-    else:
-        kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
-        mptr = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-        mstr = tuple(mask.stride())
-    sptr, sstr = (q, (0, 0)) if slopes is None else (slopes, tuple(slopes.stride()))
-    dummy = cu_q if varlen else lse
-    prec = "tf32" if (q.dtype == torch.float32 and allow_tf32) else "ieee"
+    ptrs, strides, scalars, consts = variant_arguments(plan, q, lse, mask, slopes, cu_q, cu_k, softcap,
+                                                       dropout_p, seed)
+    H, group, Nq, Nk, cap, left, right, p_drop, seed_ = scalars
     common = (*dense_strides(q, varlen), *dense_strides(k, varlen), *dense_strides(v, varlen),
               *dense_strides(do, varlen))
-    tail = (*lse_strides, *d_strides, *mstr, *sstr,
-            H, group, Nq, Nk, float(scale), float(softcap or 1.0), left, right, float(dropout_p), int(seed))
-    extra = (mptr, sptr, cu_q if varlen else dummy, cu_k if varlen else dummy)
-    dkdv_args = (q, k, v, do, lse, delta, dk, dv, *extra, *common, *dense_strides(dk, varlen),
-                 *dense_strides(dv, varlen), *tail)
-    dq_args = (q, k, v, do, lse, delta, dq, *extra, *common, *dense_strides(dq, varlen), *tail)
-    kw = dict(BAND=band is not None, MASK_KIND=kind, SOFTCAP=softcap is not None, ALIBI=slopes is not None,
-              DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, DOT_PRECISION=prec)
-    h_kv = H // group
-
-    def launch_dkdv(c):
-        bm, bn, w, s = c
-        flash_bwd_dkdv_kernel_v5[(triton.cdiv(Nk, bn) * B * h_kv,)](
-            *dkdv_args, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)
-
-    def launch_dq(c):
-        bm, bn, w, s = c
-        flash_bwd_dq_kernel_v5[(triton.cdiv(Nq, bm) * B * H,)](
-            *dq_args, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)
-
-    if config is not None:
-        launch_dkdv(config[0])
-        launch_dq(config[1])
-        return
-    pairs = _configs(D, q.dtype, device.INTERPRET)
-    key = (D, q.dtype, q.device.index, tuple(sorted(kw.items())))
-    launch_first_that_fits(("dkdv_v5",) + key, [p[0] for p in pairs], launch_dkdv)
-    launch_first_that_fits(("dq_v5",) + key, [p[1] for p in pairs], launch_dq)
+    tail = (*lse_strides, *d_strides, *strides, H, group, Nq, Nk, float(scale), cap, left, right, p_drop, seed_)
+    tiles.run(s_kv, flash_bwd_dkdv_kernel_v5,
+              (q, k, v, do, lse, delta, dk, dv, *ptrs, *common, *dense_strides(dk, varlen),
+               *dense_strides(dv, varlen), *tail), consts, s_kv.grid_for, runners, "dkdv")
+    tiles.run(s_q, flash_bwd_dq_kernel_v5,
+              (q, k, v, do, lse, delta, dq, *ptrs, *common, *dense_strides(dq, varlen), *tail),
+              consts, s_q.grid_for, runners, "dq")

@@ -26,14 +26,17 @@ interpreter, on a T4, an L4 and an H200).  The online softmax is v2's; what chan
    the bits are drawn; backward v5 calls it again instead of storing a mask.  Kept values are
    scaled by 1 / (1 - p) once, on the final O.
 
-Launch: ``launch_forward_v4`` at the end of the file (grid (cdiv(Nq, BLOCK_M) * B * H,)).
+Launch: ``launch`` at the end of the file runs the launch plan's step (grid (cdiv(Nq, BLOCK_M) * B * H,));
+:func:`flashlab.kernels.launch_forward` with a ``variant`` reaches it.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from . import tiles
 from .common import LN2_K, LOG2E_K, head_base, program_tile, tile_ptrs
+from .tiles import C
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
@@ -244,38 +247,24 @@ def dropout_mask_kernel(OUT, stride_b, stride_h, stride_m, H, Nq, Nk, p_drop, se
         tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < Nq) & (cols[None, :] < Nk))
 
 
-# ----------------------------------------------------------------------------------------- launcher
+# ------------------------------------------------------------------------------------- configs and launcher
 
-def _configs(head_dim: int, dtype, interpret: bool) -> list:
-    """(BLOCK_M, BLOCK_N, warps, stages), best first; forward v2's hand-picked list (kernels/__init__)."""
+SUPPORTS = frozenset({"gqa", "window", "softcap", "alibi", "mask", "dropout", "varlen"})
+
+
+def forward_v4_configs(head_dim: int, dtype) -> list:
+    """Hand-picked configs, best first (forward v2's hand-picked list; v4 does not autotune)."""
     import torch
-    if interpret:
-        return [(32, 32, 4, 1)]
     if dtype == torch.float32 or head_dim > 128:
-        return [(64, 32, 4, 2), (32, 32, 4, 2), (32, 16, 4, 1), (16, 16, 4, 1)]
+        return [C(64, 32, 4, 2), C(32, 32, 4, 2), C(32, 16, 4, 1), C(16, 16, 4, 1)]
     if head_dim <= 64:
-        return [(128, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)]
-    return [(128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1)]
+        return [C(128, 64, 4, 3), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
+    return [C(128, 64, 8, 3), C(128, 64, 8, 2), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
 
 
-_CHOSEN: dict = {}
-
-
-def launch_first_that_fits(key, configs, launch):
-    """Launch with the remembered config for ``key``, else try ``configs`` in turn until one compiles."""
-    cfg = _CHOSEN.get(key)
-    if cfg is not None:
-        return launch(cfg)
-    err = None
-    for cfg in configs:
-        try:
-            launch(cfg)
-        except triton.runtime.errors.OutOfResources as e:   # shared memory or registers
-            err = e
-            continue
-        _CHOSEN[key] = cfg
-        return
-    raise err
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """{"fwd": (the hand-picked configs that fit ``limit``, no autotuning candidates)}."""
+    return {"fwd": (tiles.fitting(forward_v4_configs(head_dim, dtype), "fwd", head_dim, dtype, limit, cc), [])}
 
 
 def dense_strides(t, varlen: bool):
@@ -285,30 +274,16 @@ def dense_strides(t, varlen: bool):
     return tuple(t.stride())
 
 
-def launch_forward_v4(q, k, v, o, lse, *, scale: float, group: int = 1, band=None, softcap=None,
-                      mask=None, slopes=None, cu_q=None, cu_k=None, max_q=None, max_k=None,
-                      dropout_p: float = 0.0, seed: int = 0, allow_tf32: bool = False, config=None):
-    """Write O and the natural-log LSE (-inf for a row that sees no key).
-
-    Dense: q (B, H, Nq, D), k, v (B, H // group, Nk, D), o like q, lse (B, H, Nq).  Packed (cu_q
-    given): q (total_q, H, D), k, v (total_k, H // group, D), lse (H, total_q), cu_q / cu_k int32
-    (S + 1,), max_q / max_k the longest lengths.  ``band``: (left, right) with non-negative ints, or
-    None.  ``mask``: None, or a bool / float tensor of shape (B, H, Nq, Nk) with any strides (0 on
-    broadcast dims).  ``slopes``: (B, H) float32 view (stride 0 where broadcast) or None.
-    The checks are the caller's (flashlab.variants); this only launches.
-    """
+def variant_arguments(plan, q, lse, mask=None, slopes=None, cu_q=None, cu_k=None, softcap=None,
+                      dropout_p: float = 0.0, seed: int = 0):
+    """What forward v4 and backward v5 take besides Q, K, V and their outputs, from the plan's
+    :class:`~flashlab.kernels.plan.Variant` and the call's ``variant_args``:
+    (mask, slopes, cu_q, cu_k pointers; their strides; the scalars H ... seed; the constexprs)."""
     import torch
-    from .. import device
-    varlen = cu_q is not None
-    if varlen:
-        H, D = q.shape[1], q.shape[2]
-        B, Nq, Nk = cu_q.shape[0] - 1, max_q, max_k
-        lse_strides = (0, lse.stride(0), lse.stride(1))
-    else:
-        B, H, Nq, D = q.shape
-        Nk = k.shape[2]
-        lse_strides = tuple(lse.stride())
-    big = Nq + Nk + 256
+    var = plan.variant
+    varlen = var.varlen
+    band = var.band(plan.causal)
+    big = plan.Nq + plan.Nk + 256
     left, right = (big, big) if band is None else (big if band[0] < 0 else band[0], big if band[1] < 0 else band[1])
     if mask is None:
         kind, mptr, mstr = MASK_NONE, q, (0, 0, 0, 0)
@@ -318,23 +293,35 @@ def launch_forward_v4(q, k, v, o, lse, *, scale: float, group: int = 1, band=Non
         mstr = tuple(mask.stride())
     sptr, sstr = (q, (0, 0)) if slopes is None else (slopes, tuple(slopes.stride()))
     dummy = cu_q if varlen else lse
-    prec = "tf32" if (q.dtype == torch.float32 and allow_tf32) else "ieee"
-    args = (q, k, v, o, lse, mptr, sptr, cu_q if varlen else dummy, cu_k if varlen else dummy,
+    ptrs = (mptr, sptr, cu_q if varlen else dummy, cu_k if varlen else dummy)
+    scalars = (plan.H, var.kv_groups, plan.Nq, plan.Nk, float(softcap or 1.0), left, right, float(dropout_p),
+               int(seed))
+    consts = dict(BAND=band is not None, MASK_KIND=kind, SOFTCAP=softcap is not None, ALIBI=slopes is not None,
+                  DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=plan.D, DOT_PRECISION=plan.dot_precision)
+    return ptrs, (*mstr, *sstr), scalars, consts
+
+
+def launch(plan, q, k, v, o, lse, scale: float, runners=None, *, mask=None, slopes=None, cu_q=None, cu_k=None,
+           softcap=None, dropout_p: float = 0.0, seed: int = 0):
+    """Run the plan's forward step: O and the natural-log LSE (-inf for a row that sees no key).
+
+    Dense: q (B, H, Nq, D), k, v (B, H // kv_groups, Nk, D), o like q, lse (B, H, Nq).  Packed
+    (``plan.variant.varlen``): q (total_q, H, D), k, v (total_k, H // kv_groups, D), lse (H, total_q),
+    cu_q / cu_k int32 (B + 1,), the plan's Nq / Nk the longest lengths.  The band is the plan's
+    (``Variant.band``).  ``mask``: None, or a bool / float tensor of shape (B, H, Nq, Nk) with any
+    strides (0 on broadcast dims).  ``slopes``: (B, H) float32 view (stride 0 where broadcast) or None.
+    The checks are the caller's (flashlab.variants); this only launches.
+    """
+    varlen = plan.variant.varlen
+    lse_strides = (0, lse.stride(0), lse.stride(1)) if varlen else tuple(lse.stride())
+    ptrs, strides, (H, group, Nq, Nk, cap, left, right, p_drop, seed_), consts = variant_arguments(
+        plan, q, lse, mask, slopes, cu_q, cu_k, softcap, dropout_p, seed)
+    args = (q, k, v, o, lse, *ptrs,
             *dense_strides(q, varlen), *dense_strides(k, varlen), *dense_strides(v, varlen),
-            *dense_strides(o, varlen), *lse_strides, *mstr, *sstr,
-            H, group, Nq, Nk, float(scale), float(softcap or 1.0), left, right, float(dropout_p), int(seed))
-    kw = dict(BAND=band is not None, MASK_KIND=kind, SOFTCAP=softcap is not None, ALIBI=slopes is not None,
-              DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=D, DOT_PRECISION=prec)
-
-    def launch(cfg):
-        bm, bn, w, s = cfg
-        n = triton.cdiv(Nq, bm) * B * H
-        flash_fwd_kernel_v4[(n,)](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s, **kw)
-
-    if config is not None:
-        return launch(config)
-    key = ("fwd_v4", D, q.dtype, q.device.index, tuple(sorted(kw.items())))
-    launch_first_that_fits(key, _configs(D, q.dtype, device.INTERPRET), launch)
+            *dense_strides(o, varlen), *lse_strides, *strides,
+            H, group, Nq, Nk, float(scale), cap, left, right, p_drop, seed_)
+    step = plan.forward[0]
+    tiles.run(step, flash_fwd_kernel_v4, args, consts, step.grid_for, runners, "fwd")
 
 
 def dropout_mask(B: int, H: int, Nq: int, Nk: int, p: float, seed: int, device=None):

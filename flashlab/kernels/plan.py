@@ -21,14 +21,15 @@ Device facts (:class:`DeviceFacts`: compute capability, shared memory per block,
 GPU) come from :func:`device_facts`; tests replace it to plan for a T4, an L4 or an H200 on any
 machine.
 
-Extension point: a call's variant (:class:`Variant`: grouped K/V heads, a sliding window, a mask,
-dropout, ragged batches) is a field of the plan key.  Each kernel module declares the variant
-features its kernel implements in ``SUPPORTS``; :func:`choose_versions` keeps only the versions
-whose ``SUPPORTS`` covers the call's features (today every version has none, so a call with a
-feature gets a clear error).  A new kernel file (forward_v4.py, backward_v5.py) adds its module to
-the registry (``FORWARD`` / ``BACKWARD`` in ``kernels/__init__.py``), its ``SUPPORTS``, its config
-lists and its ``launch``; the variant's own arguments (window size, dropout seed) travel in the
-:class:`Variant` and reach the launcher through the plan.
+Extension point: a call's variant (:class:`Variant`: grouped K/V heads, a sliding window, soft-capping,
+ALiBi, a mask, dropout, packed sequences) is a field of the plan key.  Each kernel module declares the
+variant features its kernel implements in ``SUPPORTS``; :func:`choose_versions` keeps only the versions
+whose ``SUPPORTS`` covers the call's features (forward v4 and backward v5 implement them all; the plain
+versions none).  A kernel file joins by adding its module to ``FORWARD`` / ``BACKWARD`` here, its
+``SUPPORTS``, its ``config_lists`` and its ``launch(plan, ..., runners=None, **variant_args)``; what
+decides the compiled kernel (which features, the window) is in the :class:`Variant`, what only its
+arguments carry (the mask and slope tensors, the soft-cap value, dropout's p and seed, cumulative
+lengths) travels as ``variant_args`` (:func:`flashlab.kernels.launch_forward` / ``launch_backward``).
 """
 from __future__ import annotations
 
@@ -38,13 +39,16 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import device
-from . import backward, backward_v2, backward_v3, backward_v4, forward, forward_v2, forward_v3, tiles
+from . import (backward, backward_v2, backward_v3, backward_v4, backward_v5, forward, forward_v2, forward_v3,
+               forward_v4, tiles)
 from .tiles import C, Config
 
-FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3}
-BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4}
-FORWARD_VERSIONS = tuple(FORWARD)
-BACKWARD_VERSIONS = tuple(BACKWARD)
+FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4}
+BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4, "v5": backward_v5}
+# The versions of plain attention (no variant feature in SUPPORTS): the ones the policy picks for a plain call
+# and the ones scripts compare.  Forward v4 and backward v5 run the variants (any version may be forced).
+FORWARD_VERSIONS = tuple(v for v, m in FORWARD.items() if not m.SUPPORTS)
+BACKWARD_VERSIONS = tuple(v for v, m in BACKWARD.items() if not m.SUPPORTS)
 
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
 
@@ -129,10 +133,40 @@ class Variant:
     The defaults are plain attention; a field set to anything else is a feature (:meth:`features`)
     that only versions declaring it in their module's ``SUPPORTS`` may run."""
     kv_groups: int = 1             # grouped-query attention: query heads per K/V head
-    window: tuple | None = None    # sliding window (left, right)
-    mask: str | None = None        # "bool" or "additive" attention mask
-    dropout: bool = False
-    varlen: bool = False           # ragged batch (cumulative sequence lengths)
+    window: tuple | None = None    # sliding window (left, right), -1 unbounded, top-left aligned like causal
+    softcap: bool = False          # scores soft-capped, c * tanh(s / c) (c travels as variant_args["softcap"])
+    alibi: bool = False            # ALiBi biases (the slopes travel as variant_args["slopes"])
+    mask: str | None = None        # "bool" or "additive" attention mask (the tensor: variant_args["mask"])
+    dropout: bool = False          # (p and seed: variant_args["dropout_p"], ["seed"])
+    varlen: bool = False           # packed sequences (variant_args["cu_q"], ["cu_k"]; Nq, Nk: the longest)
+
+    def __post_init__(self):
+        if self.mask not in (None, "bool", "additive"):
+            raise ValueError(f"Variant.mask must be None, 'bool' or 'additive', got {self.mask!r}")
+        if self.window is not None:
+            object.__setattr__(self, "window", tuple(int(x) for x in self.window))
+
+    def band(self, causal: bool):
+        """(left, right) of the band the kernels visit (-1 unbounded), or None: no band."""
+        if self.window is None:
+            return (-1, 0) if causal else None
+        left, right = self.window
+        if causal:
+            right = 0 if right < 0 else min(right, 0)
+        return None if (left < 0 and right < 0) else (left, right)
+
+    def describe(self, causal: bool = False) -> list:
+        """The features in words, for the printed plan."""
+        out = []
+        for f in sorted(self.features()):
+            if f == "gqa":
+                f = f"gqa ({self.kv_groups} query heads per K/V head)"
+            elif f == "window":
+                f = f"window (left, right) = {self.band(causal)}"
+            elif f == "mask":
+                f = f"{self.mask} mask"
+            out.append(f)
+        return out
 
     def features(self) -> frozenset:
         f = set()
@@ -140,6 +174,10 @@ class Variant:
             f.add("gqa")
         if self.window is not None:
             f.add("window")
+        if self.softcap:
+            f.add("softcap")
+        if self.alibi:
+            f.add("alibi")
         if self.mask is not None:
             f.add("mask")
         if self.dropout:
@@ -236,7 +274,7 @@ class Plan:
 
     def __str__(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
-        feats = ", ".join(sorted(self.variant.features())) or "none"
+        feats = ", ".join(self.variant.describe(self.causal)) or "none"
         lines = [f"plan for B={self.B} H={self.H} Nq={self.Nq} Nk={self.Nk} D={self.D} {dt} "
                  f"causal={self.causal} on {self.facts.name}"
                  + (f" (cc {self.facts.cc[0]}.{self.facts.cc[1]}, {self.facts.shared_memory // 1024} KB shared memory)"
@@ -277,6 +315,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       reproducible (the adds arrive in any order): with ``torch.use_deterministic_algorithms(True)``
       the backward is v2, which is.
 
+    A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
+    covers them: forward v4 and backward v5, whose hand-picked tiles are forward v2's and backward v2's.
+
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
     v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
     """
@@ -287,8 +328,12 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
         if not fv or not bv:
             raise ValueError(f"no kernel version implements {', '.join(sorted(feats))} yet "
                              f"(forward: {fv or 'none'}, backward: {bv or 'none'})")
-        why = f"the newest version that implements {', '.join(sorted(feats))}"
-        return {"fwd": fv[-1], "bwd": bv[-1]}, {"fwd": why, "bwd": why}
+        names = ", ".join(sorted(feats))
+        return {"fwd": fv[-1], "bwd": bv[-1]}, {
+            "fwd": f"variant features ({names}): the newest forward that implements them",
+            "bwd": f"variant features ({names}): the newest backward that implements them"
+                   + (" (its dK/dV sums the query heads of a K/V group in one program: no atomics, deterministic)"
+                      if bv[-1] == "v5" else "")}
     if dtype == torch.float32 or head_dim > 128:
         why = ("fp32 and head dims above 128 run their dot products on FMA units, where v2's unmasked tiles "
                "gain nothing measurable and its extra loop copies multiply the compile time")
@@ -350,7 +395,7 @@ def _steps(kind_list, version, p, facts, forced, forward_lists):
         elif facts.interpret:
             steps.append(Step(name, kind, version, D, rows, bh, INTERPRETER_TILE, (), False, 0, tune_key,
                               "interpreter: 32x32 tiles (fewer, smaller programs)", True))
-        elif version != "v1" and tiles.autotune_applies(dtype, D, bucket, facts.interpret):
+        elif auto and tiles.autotune_applies(dtype, D, bucket, facts.interpret):
             best = tiles.BEST.get(tune_key)
             st = Step(name, kind, version, D, rows, bh, None, (), True, len(auto), tune_key,
                       f"autotuned (fp16/bf16, D 64/128, bucket >= {tiles.AUTOTUNE_FROM}) over the configs "
@@ -363,8 +408,8 @@ def _steps(kind_list, version, p, facts, forced, forward_lists):
             limit = f"{facts.shared_memory // 1024} KB" if facts.shared_memory else "?"
             why = (f"hand-picked: the first config whose shared-memory estimate fits {limit} "
                    f"(sm_{facts.cc[0]}{facts.cc[1]}), {len(cands) - 1} more to fall back on")
-            if version == "v1" and not facts.interpret and tiles.autotune_applies(dtype, D, bucket, False):
-                why += "; v1 never autotunes"
+            if not auto and not facts.interpret and tiles.autotune_applies(dtype, D, bucket, False):
+                why += f"; {version} never autotunes"
             elif not tiles.AUTOTUNE:
                 why += "; FLASHLAB_AUTOTUNE=0"
             steps.append(_hand_step(name, kind, version, D, rows, bh, dtype, cands, facts, why, tune_key))
@@ -395,7 +440,7 @@ def plan(B: int, H: int, Nq: int, Nk: int | None, D: int, dtype: torch.dtype = t
 
 
 def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, bv, fcfg, bcfg, facts) -> Plan:
-    for name, v, ok in (("forward", fv, FORWARD_VERSIONS), ("backward", bv, BACKWARD_VERSIONS)):
+    for name, v, ok in (("forward", fv, tuple(FORWARD)), ("backward", bv, tuple(BACKWARD))):
         if v is not None and v not in ok:
             raise ValueError(f"version must be one of {ok}, got {v!r} ({name})")
     bucket = tiles.n_key(Nq, Nk)
@@ -429,6 +474,14 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
     if isinstance(bcfg, Config) and len(b_kinds) == 2:
         bcfg = (bcfg, bcfg)
     bwd = (pre,) + _steps(b_kinds, versions["bwd"], p, facts, bcfg, b_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
+    if variant.kv_groups != 1:
+        if H % variant.kv_groups:
+            raise ValueError(f"H = {H} query heads is not a multiple of Variant.kv_groups = {variant.kv_groups}")
+        for s in bwd:
+            if s.kind == "dkdv":   # one dK/dV program per K/V head's tile, summing the group's query heads
+                s.bh = B * (H // variant.kv_groups)
+    if variant.varlen:
+        pre.reason += "; packed: the grid runs over every packed row (total_q), not B x max_seqlen_q"
     return Plan(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, facts, variant, versions["fwd"],
                 versions["bwd"], reasons, fwd, bwd, bucket, prec,
                 tma_reduce=not facts.interpret and facts.hopper, spread=D > 64)
