@@ -4,7 +4,7 @@ Who uses what (three different needs, so three checks, said plainly):
 
 * the tests (``tests/test_attention.py``, ``tests/test_gpu.py``) and
   ``scripts/accuracy_report.py`` judge ``flashlab``'s kernels by the rule below;
-* the grader (``flashlab/grader/exercises.py``) does not run PyTorch's same-dtype
+* the grader (``flashlab/grader/exercises/``) does not run PyTorch's same-dtype
   attention on every case; it uses fixed tolerances per dtype instead (1e-8
   relative for the float64 NumPy exercises; for kernels 1e-4 fp32 in the
   interpreter, 5e-3 fp32 on a GPU where TF32 is allowed, 1e-2 fp16 and 4e-2 bf16

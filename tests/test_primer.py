@@ -157,3 +157,11 @@ def test_y_stored_with_xs_strides_fails_naming_both():
     assert not r.passed
     assert any("`y` stored with `x`'s strides" in h for h in r.hints), str(r)
     assert any("y transposed" in c.params or "x transposed" in c.params for c in r.cases if not c.passed)
+
+
+def test_a_kernel_failure_offers_to_trace_the_kernel_and_a_numpy_one_does_not():
+    r = grade("softmax_kernel", make_softmax(no_max=True))
+    assert not r.passed and "viz.trace_call(YOUR_FUNCTION, x, y)" in str(r) and "viz.trace_call" in r._repr_html_()
+    assert grade("softmax_kernel", make_softmax()).trace_hint() == ""           # nothing to offer on a pass
+    numpy_fail = grade("attention_naive", lambda q, k, v, causal: q * 0)
+    assert not numpy_fail.passed and "trace" not in str(numpy_fail)

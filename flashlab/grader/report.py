@@ -77,6 +77,19 @@ class Result:
     def _failures(self):
         return [c for c in (self.first_failure(), self.first_wrong_answer()) if c is not None]
 
+    def trace_hint(self) -> str:
+        """For a kernel exercise that failed on a case it ran: how to see what the kernel read and wrote
+        (flashlab.viz.trace), else ''."""
+        fail = self.first_failure()
+        if fail is None or fail.status not in ("fail", "error", "crash"):
+            return ""
+        from .exercises import EXERCISES
+        ex = EXERCISES.get(self.name)
+        if ex is None or not ex.needs_triton:
+            return ""
+        from ..viz.trace import trace_hint
+        return trace_hint(self.name)
+
     # ---- plain text -------------------------------------------------------
     def __str__(self) -> str:
         if self.not_implemented:
@@ -93,6 +106,9 @@ class Result:
                 lines += ["    " + " ".join(_cell(x) for x in row) for row in fail.heatmap]
         for h in self.hints:
             lines.append("Hint: " + h)
+        trace = self.trace_hint()
+        if trace:
+            lines += [""] + trace.splitlines()
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -118,6 +134,9 @@ class Result:
                 out.append(_heatmap_img(fail.heatmap, fail.heat_labels))
         for h in self.hints:
             out.append(f"<p>💡 {html.escape(h)}</p>")
+        trace = self.trace_hint()
+        if trace:
+            out.append("<pre style='margin:4px 0 0 0;color:#57606a'>" + html.escape(trace) + "</pre>")
         out.append("</div>")
         return "\n".join(out)
 

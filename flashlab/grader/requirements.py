@@ -444,10 +444,21 @@ def _forbidden_builtins():
     return found
 
 
+def _is_autograd(code) -> bool:
+    fn = code.co_filename.replace(os.sep, "/")
+    return ((fn.endswith("/torch/_tensor.py") and code.co_name == "backward")
+            or ("/torch/autograd/" in fn and code.co_name in ("backward", "grad", "vjp", "jacobian")))
+
+
 @contextmanager
-def watch_calls(found: list):
-    """Append to ``found`` the first call into flashlab's references or PyTorch's attention."""
-    files = _forbidden_files()
+def watch_calls(found: list, *, files: dict | None = None, dirs: dict | None = None, own: tuple | None = None,
+                autograd: bool = False):
+    """Append to ``found`` the first call into code that already holds the answer: flashlab's references,
+    its kernels or PyTorch's attention, and what an exercise adds: ``files`` {path: module name} (any function
+    in them), ``dirs`` {folder: package name}, ``own`` (path, module name, allowed function names: the
+    exercise module's own reference answers), ``autograd`` (torch's autograd, for a backward written out)."""
+    files = {**_forbidden_files(), **(files or {})}
+    dirs = dirs or {}
     builtins = _forbidden_builtins()
     kernels = os.path.join(_flashlab_dir(), "kernels") + os.sep
 
@@ -455,11 +466,21 @@ def watch_calls(found: list):
         if found:
             return
         if event == "call":
-            fn = frame.f_code.co_filename
-            if fn in files and frame.f_code.co_name not in _ALLOWED_REFERENCE:
-                found.append(f"{files[fn]}.{frame.f_code.co_name}")
+            code = frame.f_code
+            fn = code.co_filename
+            if fn in files and code.co_name not in _ALLOWED_REFERENCE:
+                found.append(f"{files[fn]}.{code.co_name}")
+            elif own is not None and fn == own[0] and code.co_name not in own[2]:
+                found.append(f"the grader's own answer ({own[1]}.{code.co_name})")
             elif fn.startswith(kernels):
                 found.append("flashlab's Triton kernels")
+            elif autograd and _is_autograd(code):
+                found.append("torch's autograd (.backward / torch.autograd.grad)")
+            else:
+                for d, name in dirs.items():
+                    if fn.startswith(d):
+                        found.append(f"{name} ({os.path.basename(fn)}: {code.co_name})")
+                        break
         elif event == "c_call" and id(arg) in builtins:
             found.append(builtins[id(arg)])
 

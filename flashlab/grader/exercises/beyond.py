@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-from contextlib import contextmanager
 
 import numpy as np
 
 from ... import reference as R
 from ...distributed import layout as L
+from .. import requirements as Rq
 from ..core import Bug, Case, Exercise
 from . import register
 
@@ -77,34 +76,10 @@ def _array(name, x, problems):
     return a
 
 
-def _forbidden():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    files = {os.path.join(root, "reference.py"): "flashlab.reference",
-             os.path.join(root, "attention.py"): "flashlab.attention"}
-    return files, os.path.join(root, "distributed") + os.sep
-
-
-@contextmanager
 def _watch(found):
-    """Note the first call into flashlab.reference, flashlab.attention or flashlab.distributed."""
-    files, dist_dir = _forbidden()
-    allowed = {"causal_mask", "_scale"}
-
-    def hook(frame, event, arg):
-        if found or event != "call":
-            return
-        fn = frame.f_code.co_filename
-        if fn in files and frame.f_code.co_name not in allowed:
-            found.append(f"{files[fn]}.{frame.f_code.co_name}")
-        elif fn.startswith(dist_dir):
-            found.append(f"flashlab.distributed ({os.path.basename(fn)}: {frame.f_code.co_name})")
-
-    old = sys.getprofile()
-    sys.setprofile(hook)
-    try:
-        yield
-    finally:
-        sys.setprofile(old)
+    """Note the first call into flashlab's references, flashlab.attention or flashlab.distributed."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return Rq.watch_calls(found, dirs={os.path.join(root, "distributed") + os.sep: "flashlab.distributed"})
 
 
 def _call(f, name, *args):

@@ -25,7 +25,6 @@ import math
 import numpy as np
 
 import os
-import sys
 from contextlib import contextmanager
 
 from ...variants import band_tile_ranges, varlen_program
@@ -48,48 +47,13 @@ _HERE = os.path.abspath(__file__)
 _ALLOWED_HERE = {"keep", "watched", "_watch"}   # the mask function handed to dropout_backward; the watcher
 
 
-def _is_autograd(code) -> bool:
-    fn = code.co_filename.replace(os.sep, "/")
-    return ((fn.endswith("/torch/_tensor.py") and code.co_name == "backward")
-            or ("/torch/autograd/" in fn and code.co_name in ("backward", "grad", "vjp", "jacobian")))
-
-
-@contextmanager
 def _watch(found: list, autograd: bool = False):
-    """Append to ``found`` the first call into code that already holds the answer: flashlab.variants (its
-    band_tile_ranges, varlen_program, dropout_mask), flashlab's references and kernels, this grader's own
+    """Note the first call into code that already holds the answer: flashlab.variants (its band_tile_ranges,
+    varlen_program, dropout_mask), flashlab.op, flashlab's references and kernels, this grader's own
     references (and, for a backward, torch's autograd)."""
-    files = Rq._forbidden_files()
     root = Rq._flashlab_dir()
     lib = {os.path.join(root, "variants.py"): "flashlab.variants", os.path.join(root, "op.py"): "flashlab.op"}
-    kernels = os.path.join(root, "kernels") + os.sep
-    builtins = Rq._forbidden_builtins()
-
-    def hook(frame, event, arg):
-        if found:
-            return
-        if event == "call":
-            code = frame.f_code
-            fn = code.co_filename
-            if fn in files and code.co_name not in Rq._ALLOWED_REFERENCE:
-                found.append(f"{files[fn]}.{code.co_name}")
-            elif fn in lib:
-                found.append(f"{lib[fn]}.{code.co_name}")
-            elif fn == _HERE and code.co_name not in _ALLOWED_HERE:
-                found.append(f"the grader's own answer ({__name__}.{code.co_name})")
-            elif fn.startswith(kernels):
-                found.append("flashlab's Triton kernels")
-            elif autograd and _is_autograd(code):
-                found.append("torch's autograd (.backward / torch.autograd.grad)")
-        elif event == "c_call" and id(arg) in builtins:
-            found.append(builtins[id(arg)])
-
-    old = sys.getprofile()
-    sys.setprofile(hook)
-    try:
-        yield
-    finally:
-        sys.setprofile(old)
+    return Rq.watch_calls(found, files=lib, own=(_HERE, __name__, _ALLOWED_HERE), autograd=autograd)
 
 
 def _library_message(found: list, what: str) -> list:
