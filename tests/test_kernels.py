@@ -310,7 +310,7 @@ def test_causal_bounds_against_brute_force(rng):
 
 def test_causal_loop_bounds_exercise_grades():
     from flashlab.grader import grade
-    from flashlab.grader.ex_causal import BUGS
+    from flashlab.grader.exercises.part2 import CAUSAL_BUGS as BUGS
     from flashlab.kernels.bounds import causal_tile_ranges
     assert grade("causal_loop_bounds", lambda *a: causal_tile_ranges(*a)).passed
     wrong = {

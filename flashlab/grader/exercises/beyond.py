@@ -25,6 +25,7 @@ from ...distributed import layout as L
 from .. import requirements as Rq
 from ..core import Bug, Case, Exercise
 from . import register
+from .part1 import _array, _describe   # the NumPy exercises' checks of what a function returned
 
 NUMPY_LIMITS = dict(timeout=60.0, budget=100.0, dtype="float64", notebook="09",
                     requirements=("no call to flashlab.reference, flashlab.attention or flashlab.distributed",))
@@ -53,28 +54,6 @@ CONTRACTS = {
 # ----------------------------------------------------------------------------
 # shared: outputs as arrays, calls into the references watched
 # ----------------------------------------------------------------------------
-
-def _describe(x) -> str:
-    if isinstance(x, tuple):
-        return f"a tuple of {len(x)} item(s)"
-    if isinstance(x, np.ndarray):
-        return f"an array of shape {x.shape}"
-    return f"a {type(x).__name__}"
-
-
-def _array(name, x, problems):
-    if type(x).__module__.startswith("torch"):
-        problems.append(f"`{name}`: got a torch tensor; return a NumPy array (float64)")
-        return None
-    try:
-        a = np.array(x.view(np.ndarray) if isinstance(x, np.ndarray) else x)
-    except Exception:
-        a = None
-    if a is None or a.dtype == object:
-        problems.append(f"`{name}`: expected a NumPy array of numbers, got {_describe(x)}")
-        return None
-    return a
-
 
 def _watch(found):
     """Note the first call into flashlab's references, flashlab.attention or flashlab.distributed."""
