@@ -8,7 +8,8 @@ For n rows per rank (B, H, H_kv, D as set below), it times:
 * forward of a full block (n queries x n keys: a non-causal step, and a contiguous step below the diagonal);
 * forward of the diagonal block (causal=True on n x n: every rank's step 0);
 * forward of a zigzag step (n x n/2 or n/2 x n, full: every causal zigzag step after the first);
-* the LSE merge of one step's partial result into the running (O, LSE) (`merge_attention`);
+* the LSE merge of one step's partial result into the running (O, LSE): the ring's fused kernel
+  (`flashlab.kernels.merge.merge_into`) and the readable element-wise one (`merge_attention`);
 * backward of the full block and of the zigzag step (`attention._backward`, with the global O, LSE).
 
 Each is gated on correctness first (the forward against attention in float32 on the same block; the
@@ -38,6 +39,7 @@ import triton  # noqa: E402
 
 from flashlab.attention import _backward, _forward  # noqa: E402
 from flashlab.distributed import merge_attention, simulate_ring  # noqa: E402
+from flashlab.kernels.merge import merge_into  # noqa: E402
 from flashlab.distributed import cost as C  # noqa: E402
 
 NVLINK, IB = C.H200_NODE.nvlink, C.H200_NODE.ib
@@ -93,9 +95,17 @@ def run(n, B, H, H_kv, D, dtype):
     err = (mo - of.float()).abs().max().item()
     if not err <= tol:
         raise SystemExit(f"merge n={n}: wrong, max error {err:.2e}")
+    moved = acc.numel() * 4 * 2 + o2.numel() * o2.element_size() + 3 * l1.numel() * 4
     t = bench(lambda: merge_attention(acc, l1, o2, l2))
-    rows["merge"] = dict(seconds=t, gbps=(acc.numel() * 4 * 2 + o2.numel() * o2.element_size()
-                                           + 3 * l1.numel() * 4) / t / 1e9)
+    rows["merge torch"] = dict(seconds=t, gbps=moved / t / 1e9)
+    # the ring's own merge: one fused kernel, in place (checked, then timed on a copy of the state)
+    fo, fl_ = acc.clone(), l1.clone()
+    merge_into(fo, fl_, o2, l2)
+    err = (fo - of.float()).abs().max().item()
+    if not err <= tol:
+        raise SystemExit(f"fused merge n={n}: wrong, max error {err:.2e}")
+    t = bench(lambda: merge_into(fo, fl_, o2, l2))
+    rows["merge"] = dict(seconds=t, gbps=moved / t / 1e9)
     for name, (qq, kk, vv) in (("bwd full", (q, ke, ve)), ("bwd zigzag half", (q, ke[:, :, :h], ve[:, :, :h]))):
         o, lse = _forward(qq, kk, vv, False, scale, False)
         t = bench(lambda: _backward(qq, kk, vv, o, lse, do, False, scale, False))
@@ -133,7 +143,7 @@ def main():
         check[layout] = (o.float() - ro.float()).abs().max().item()
 
     results = {}
-    hdr = (f"{'n':>6} {'fwd full':>10} {'fwd diag':>10} {'fwd zz':>10} {'merge':>9} {'bwd full':>10} "
+    hdr = (f"{'n':>6} {'fwd full':>10} {'fwd diag':>10} {'fwd zz':>10} {'merge':>9} {'(torch)':>9} {'bwd full':>10} "
            f"{'bwd zz':>10} | {'hide fwd zz GB/s':>16} {'hide bwd zz GB/s':>16} | {'SDPA full':>10} "
            f"{'SDPA diag':>10} {'SDPA zz':>10}")
     lines = [hdr]
@@ -144,7 +154,7 @@ def main():
         need_f = r["bytes"]["kv"] / r["fwd zigzag half"]["seconds"] / 1e9
         need_b = r["bytes"]["kv_and_dkv"] / r["bwd zigzag half"]["seconds"] / 1e9
         lines.append(f"{n:>6} {us['fwd full']:>8.1f}us {us['fwd diagonal']:>8.1f}us {us['fwd zigzag half']:>8.1f}us "
-                     f"{us['merge']:>7.1f}us {us['bwd full']:>8.1f}us {us['bwd zigzag half']:>8.1f}us | "
+                     f"{us['merge']:>7.1f}us {us['merge torch']:>7.1f}us {us['bwd full']:>8.1f}us {us['bwd zigzag half']:>8.1f}us | "
                      f"{need_f:>16.0f} {need_b:>16.0f} | "
                      + " ".join(f"{r[k]['sdpa_seconds'] * 1e6:>8.1f}us" for k in ("fwd full", "fwd diagonal",
                                                                                "fwd zigzag half")))

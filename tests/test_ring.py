@@ -136,6 +136,39 @@ def test_merge_matches_numpy_merge_and_whole_attention():
     assert torch.equal(l3, lse) and torch.allclose(o3, o, equal_nan=False)
 
 
+@pytest.mark.parametrize("part_dtype", [torch.float32, torch.float16])
+def test_fused_merge_kernel_matches_the_elementwise_merge(part_dtype):
+    """The ring's one-pass merge kernel (what it runs on a GPU) against ``merge_attention``: rows of
+    a larger buffer (strided views, as the ring's tiles are), a ragged row count and head dim, large
+    LSE gaps, rows where either side or both saw nothing, NaN in a part whose LSE is -inf."""
+    pytest.importorskip("triton")
+    from flashlab.kernels.merge import merge_into
+    g = torch.Generator().manual_seed(3)
+    B, H, N, D = 2, 3, 37, 24
+    dev = device.DEVICE
+    big_o = torch.randn(B, H, N + 11, D, generator=g).to(dev)
+    big_l = (torch.randn(B, H, N + 11, generator=g) * 30).to(dev)
+    o, lse = big_o[:, :, 5:5 + N], big_l[:, :, 5:5 + N]              # views: strides of the big buffer
+    o_p = torch.randn(B, H, N, D, generator=g).to(part_dtype).to(dev)
+    l_p = (torch.randn(B, H, N, generator=g) * 30).to(dev)
+    lse[0, 0, :4] = -math.inf                                       # the running state saw nothing yet
+    o[0, 0, :4] = 0.0
+    l_p[1, 2, 6:9] = -math.inf                                      # the part saw nothing: its O is garbage
+    o_p[1, 2, 6:9] = float("nan")
+    lse[0, 1, 10] = l_p[0, 1, 10] = -math.inf                       # neither side saw a key
+    o[0, 1, 10] = 0.0
+    want_o, want_l = merge_attention(o.clone(), lse.clone(), o_p, l_p)
+    untouched = big_o[:, :, :5].clone(), big_o[:, :, 5 + N:].clone()
+    merge_into(o, lse, o_p, l_p)
+    assert torch.isfinite(o).all()
+    torch.testing.assert_close(o, want_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, want_l, atol=1e-5, rtol=1e-6)
+    assert lse[0, 1, 10] == -math.inf and not o[0, 1, 10].any()
+    assert torch.equal(big_o[:, :, :5], untouched[0]) and torch.equal(big_o[:, :, 5 + N:], untouched[1])
+    with pytest.raises(TypeError, match="float32"):
+        merge_into(o.half(), lse, o_p, l_p)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_numpy_ring_simulation_is_attention_on_the_whole_sequence(layout, causal):

@@ -74,6 +74,19 @@ def merge_attention(o, lse, o_part, lse_part):
     return w[..., None] * o + part, new
 
 
+def _merge_into(o, lse, o_part, lse_part):
+    """:func:`merge_attention` written into the views ``o``, ``lse`` (the running state's rows of a
+    tile): on a GPU one fused kernel (:func:`flashlab.kernels.merge.merge_into`: one read of each
+    input, one write), elsewhere the readable element-wise merge above, copied in."""
+    if o.is_cuda and o.stride(-1) == 1 and o_part.stride(-1) == 1:
+        from ..kernels.merge import merge_into
+        merge_into(o, lse, o_part, lse_part)
+        return
+    mo, ml = merge_attention(o, lse, o_part, lse_part)
+    o.copy_(mo)
+    lse.copy_(ml)
+
+
 # ----------------------------------------------------------------------------
 # the ring
 # ----------------------------------------------------------------------------
@@ -130,7 +143,7 @@ def _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout):
         ke, ve = (_expand_heads(t, H) for t in kv)
         for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):     # full, diagonal or none
             o_s, lse_s = _forward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)  # (2)
-            o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)      # (3)
+            _merge_into(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)                                   # (3)
         _mark("fwd", step, "compute_end")
         if reqs is not None:
             _wait(reqs)                                  # (4)
@@ -280,7 +293,7 @@ def simulate_ring(q, k, v, world: int, is_causal: bool = False, *, layout: str =
             ke, ve = (_expand_heads(L.shard(t, src, world, layout), H) for t in (k, v))
             for t in L.step_plan(rank, world, step, n, layout, is_causal):
                 o_s, lse_s = _forward(qr[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)
-                o[:, :, t.q], lse[:, :, t.q] = merge_attention(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)
+                _merge_into(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)
         outs.append(o.to(q.dtype))
         lses.append(lse)
     return L.gather(outs, layout), L.gather([x[..., None] for x in lses], layout)[..., 0]
