@@ -78,6 +78,7 @@ class Config:
     isolation: str = "auto"
     jobs: int = 1
     exercises: list | None = None          # only these exercises count (default: all)
+    leaderboard: list | None = None        # shapes at which a passing kernel is timed (None: no timing)
     limits: iso.Limits = field(default_factory=iso.Limits)
 
 
@@ -230,7 +231,7 @@ class Grader:
     def describe(self) -> str:
         if self.mode == "weak":
             return "weak (student code ran as the instructor)"
-        mem = f"{self.cfg.limits.memory >> 20} MiB"
+        mem = f"{self.cfg.limits.memory >> 20} MiB" if self.cfg.limits.memory >= 0 else "unlimited memory"
         return ("sandbox (namespaces, unprivileged uid, " +
                 (f"cgroup: {mem} and {self.cfg.limits.processes} processes per notebook)" if self.cgroups else
                  f"no writable cgroup: {mem} address space per process)"))
@@ -496,6 +497,12 @@ class Grader:
         except Exception as e:     # a hostile output that breaks the comparison is an error, never a pass
             verdict = {"status": "error", "cases_passed": 0, "cases": 0,
                        "message": f"the grader could not check the outputs ({type(e).__name__})"}
+        if (self.cfg.leaderboard and verdict["status"] == "pass" and ex.timing is not None and not dead
+                and not run.selftest):
+            from .ranking import time_remote   # the clock and the checks are this process's
+            verdict["timing"] = time_remote(conn, ex, self.cfg.leaderboard, run.deadline)
+            if verdict["timing"]["status"] in ("timed out", "crashed"):
+                dead.append("the notebook stopped answering while it was timed")
         run.grades[name] = verdict           # the last call of an exercise counts
         if not dead:
             _send_quiet(conn, {"op": "done"})
@@ -666,12 +673,30 @@ def _load_results(out: OutDir) -> dict:
 
 def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = True, *,
               isolation: str = "auto", jobs: int = 1, resume: bool = False, student_pattern=None,
-              exercises=None, limits: iso.Limits | None = None, log=None):
-    """Grade every notebook under ``paths``; returns the student rows (also written to ``out_dir``)."""
+              exercises=None, limits: iso.Limits | None = None, log=None, leaderboard: bool = False,
+              leaderboard_shapes=None):
+    """Grade every notebook under ``paths``; returns the student rows (also written to ``out_dir``).
+
+    ``leaderboard``: also time every kernel that passes a timed exercise (on a GPU; see
+    :mod:`flashlab.grader.ranking`) at ``leaderboard_shapes`` (default: every N and D of the
+    protocol) and write ``leaderboard.csv`` and ``leaderboard.png``; on a CPU, grade and say that
+    timing needs a GPU, writing no leaderboard."""
     from tqdm.auto import tqdm
+    from . import ranking as L
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg = Config(timeout=timeout, isolation=isolation, jobs=max(1, int(jobs)), exercises=exercises,
                  limits=limits or iso.Limits())
+    timing = leaderboard and L.gpu_available()
+    if leaderboard and resume:
+        raise ValueError("--leaderboard times every kernel and the references in one run: "
+                         "it cannot be combined with --resume")
+    if leaderboard and not timing:
+        log(f"leaderboard: {L.GPU_NEEDED}. Grading only; no leaderboard is written.")
+    if timing:
+        cfg.leaderboard = list(leaderboard_shapes or L.shapes())
+        if cfg.jobs > 1:
+            log(f"leaderboard: grading one notebook at a time (not {cfg.jobs}): timings need the GPU to themselves")
+            cfg.jobs = 1
     subs, skipped = discover(paths, student_pattern)
     out = OutDir(out_dir)
     grader = Grader(cfg)
@@ -763,4 +788,35 @@ def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = 
         log(f"interrupted: {len(records)} of {len(subs)} notebooks graded; "
             f"run again with --resume to finish")
         raise KeyboardInterrupt
+    if leaderboard and not timing:
+        log(f"leaderboard: not written ({L.GPU_NEEDED}); the grades are in {out.path}")
+    elif timing:
+        write_leaderboard(out_dir, rows, exercises, cfg.leaderboard, log, grader.describe())
     return rows
+
+
+LEADERBOARD_CSV, LEADERBOARD_PNG = "leaderboard.csv", "leaderboard.png"
+
+
+def write_leaderboard(out_dir, rows, exercises, shape_list, log, isolation: str = ""):
+    """After grading, on a GPU: time the references, rank the class, write leaderboard.csv and .png
+    (the figure's title names the GPU, the versions, the date and the isolation the kernels ran under)."""
+    from . import ranking as L
+    graded = {ex for r in rows for ex in r.grades}
+    timed = [ex for ex in L.timed_exercises(exercises) if ex in graded or (exercises and ex in exercises)]
+    if not timed:
+        log("leaderboard: no notebook graded a timed exercise (" + ", ".join(L.timed_exercises()) + "): not written")
+        return None
+    board = L.class_leaderboard(rows, timed, shape_list, log=log)
+    if isolation:
+        board.note += f"; students' kernels timed in: {isolation.split(' (')[0]}"
+    out = OutDir(out_dir)
+    try:
+        out.replace(LEADERBOARD_CSV, board.csv())
+        from ..viz.figures import _png
+        out.replace(LEADERBOARD_PNG, _png(board.figure()))
+    finally:
+        out.close()
+    log(repr(board))
+    log(f"wrote {out.path}/{LEADERBOARD_CSV} and {out.path}/{LEADERBOARD_PNG}")
+    return board
