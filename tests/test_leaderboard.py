@@ -329,3 +329,46 @@ def test_wire_refuses_a_bad_time_request(on_cpu):
     P.send(b, {"op": "done"})
     t.join(10)
     b.close()
+
+
+def _fake_exercise():
+    """A cheap exercise (y = 2x) that carries the CPU forward timing: batch grading's real path."""
+    import numpy as np
+    from flashlab.grader.core import Case, Exercise
+    return Exercise("fake_kernel", "f(x) -> 2 x", lambda rng: [Case({"N": 4}, {"x": np.arange(4.0)}, True)],
+                    lambda f, case: {"y": np.asarray(f(case.inputs["x"]), dtype=np.float64)},
+                    lambda case: {"y": case.inputs["x"] * 2}, lambda case, name, ref: 1e-9,
+                    lambda case, name, idx: str(idx), timing=_CpuForward())
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_batch_times_a_kernel_only_after_the_grader_passed_it(on_cpu, right):
+    ex = _fake_exercise()
+    frames = []
+
+    def candidate(*args):
+        if len(args) == 1:                                   # the graded cases
+            return args[0] * (2 if right else 3)
+        frames.append("timed")
+        _right(*args)
+
+    g = batch.Grader(batch.Config(isolation="weak", leaderboard=on_cpu))
+    try:
+        g.exercises = {ex.name: ex}
+        a, b = socket.socketpair()
+        t = threading.Thread(target=lambda: P.serve_cases(ex, candidate, sock=a), daemon=True)
+        t.start()
+        header, _ = P.recv(b, time.monotonic() + 10)
+        run = batch._Run(time.monotonic() + 60)
+        g._grade_exercise(b, header, run)
+        t.join(10)
+        b.close()
+    finally:
+        g.close()
+    verdict = run.grades["fake_kernel"]
+    if right:
+        assert verdict["status"] == "pass" and verdict["timing"]["status"] == "ok"
+        assert [r["status"] for r in verdict["timing"]["shapes"]] == ["ok", "ok"] and frames
+    else:                                                    # a kernel that failed its grade is never timed
+        assert verdict["status"] == "fail" and "timing" not in verdict and not frames
+    assert not t.is_alive()                                  # the sandbox was told "done"
