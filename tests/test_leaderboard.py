@@ -33,10 +33,13 @@ def test_cpu_says_timing_needs_a_gpu_and_writes_no_leaderboard(tmp_path, capsys)
     assert "leaderboard: not written" in err                       # said again at the end
     assert (out / "grades.csv").exists()                           # grading itself ran
     assert not (out / "leaderboard.csv").exists() and not (out / "leaderboard.png").exists()
-    # a learner's leaderboard() on a CPU: graded, nothing timed, and it says so
-    board = L.Leaderboard([L.Entry("flash_forward", "you", status="not timed", detail=L.GPU_NEEDED)],
-                          {"flash_forward": [s.label for s in L.shapes()]}, L.GPU_NEEDED)
-    assert "timing needs a CUDA GPU" in repr(board) and board.entries[0].score(board.shape_labels["flash_forward"]) is None
+    # a learner's leaderboard() on a CPU: nothing timed (nor graded: that is grade()'s job), and it says so
+    called = []
+    board = L.leaderboard("flash_forward", lambda *a: called.append(a))
+    assert "timing needs a CUDA GPU" in repr(board) and not called
+    assert [e.status for e in board.entries] == ["not timed"] and board.entries[0].score(
+        board.shape_labels["flash_forward"]) is None and board.entries[0].tflops == {}
+    assert "not timed" in board.csv() and len(board.shape_labels["flash_forward"]) == 12
 
 
 def test_leaderboard_refuses_resume(tmp_path):
@@ -372,3 +375,16 @@ def test_batch_times_a_kernel_only_after_the_grader_passed_it(on_cpu, right):
     else:                                                    # a kernel that failed its grade is never timed
         assert verdict["status"] == "fail" and "timing" not in verdict and not frames
     assert not t.is_alive()                                  # the sandbox was told "done"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
+def test_leaderboard_stops_when_the_graded_code_cannot_use_the_gpu():
+    """The self-test notebook reports whether it sees a GPU; with the leaderboard on, a sandbox that
+    cannot use it (here: no GPU at all) stops the run rather than grading kernels in the interpreter."""
+    from flashlab.grader import isolation
+    g = batch.Grader(batch.Config(timeout=120, isolation="weak", leaderboard=L.shapes((1024,), (64,))))
+    try:
+        with pytest.raises(isolation.IsolationError, match="cannot use it"):
+            g.selftest()
+    finally:
+        g.close()

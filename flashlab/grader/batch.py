@@ -250,7 +250,8 @@ class Grader:
         student's runs: the interpreter this run uses (a virtual environment's, with its packages),
         the sandbox, the kernel, ``grade()`` over the socket.  Its one cell answers an exercise
         rightly and reports what it can reach; unless the verdict is "pass", the run ran to its end,
-        and it ran unprivileged without write access to flashlab or the network, stop here."""
+        and it ran unprivileged without write access to flashlab or the network, stop here (and, for the
+        leaderboard, unless it could use the GPU)."""
         key = (self.mode, self.python, self.pkg, json.dumps(iso.python_trees()), _SELFTEST_CELL,
                json.dumps(asdict(self.cfg.limits)))
         if key in _SELFTESTS_PASSED:          # the same setup, already proven in this process
@@ -275,6 +276,9 @@ class Grader:
             problems.append("it could reach the network")
         if problems:
             raise iso.IsolationError("the sandbox is not isolated: " + ", ".join(problems))
+        if self.cfg.leaderboard and not facts.get("cuda"):
+            raise iso.IsolationError("--leaderboard: the grader has a GPU but the code it grades cannot use it "
+                                     f"({self.describe()}: CUDA is not available there), so there is nothing to time")
         _SELFTESTS_PASSED[key] = facts
         return facts
 
@@ -520,7 +524,8 @@ _SELFTEST_CELL = """import json, os, socket, sys
 import numpy as np
 from flashlab.grader import grade, protocol as P
 import flashlab
-facts = {"uid": os.getuid(), "python": sys.executable, "prefix": sys.prefix, "flashlab": flashlab.__file__}
+facts = {"uid": os.getuid(), "python": sys.executable, "prefix": sys.prefix, "flashlab": flashlab.__file__,
+         "cuda": flashlab.device.DEVICE.type == "cuda"}
 try:
     with open(flashlab.__file__, "a"):
         facts["flashlab_writable"] = True

@@ -682,7 +682,8 @@ def leaderboard(exercise: str, candidate, *, seqlens=SEQLENS, dims=DIMS, name: s
     """Grade ``candidate`` for ``exercise`` (``flash_forward`` or ``flash_backward``) and, if it passes and
     this machine has a GPU, time it beside flashlab's op and SDPA's backends on the leaderboard's shapes,
     each checked against flashlab's op on the very inputs it was timed on.  Returns a Leaderboard: print
-    it, ``.figure()`` draws it, ``.csv()`` is the table.  On a CPU nothing is timed: it says so."""
+    it, ``.figure()`` draws it, ``.csv()`` is the table.  On a CPU nothing is graded or timed: it says
+    that timing needs a GPU (``grade()`` checks the kernel there)."""
     from . import grade
     from .exercises import EXERCISES
     if exercise not in EXERCISES or EXERCISES[exercise].timing is None:
@@ -692,15 +693,15 @@ def leaderboard(exercise: str, candidate, *, seqlens=SEQLENS, dims=DIMS, name: s
     log = print if verbose else None
     shape_list = shapes(seqlens, dims)
     labels = {exercise: [s.label for s in shape_list]}
+    if not gpu_available():                            # said first: grading in the interpreter takes a while
+        e = Entry(exercise, name, status="not timed", detail=GPU_NEEDED)
+        return Leaderboard([e], labels, GPU_NEEDED + "; nothing was timed (grade() checks the kernel here)")
     result = grade(exercise, candidate)
     if getattr(result, "passed", None) is None:       # under batch grading: the grader times it
         return Leaderboard([], labels, "under batch grading the grader times this kernel (--leaderboard)")
     if not result.passed:
         e = Entry(exercise, name, status="failed", detail="it did not pass its grade: fix it first (grade() says how)")
         return Leaderboard([e], labels, "")
-    if not gpu_available():
-        e = Entry(exercise, name, status="not timed", detail=GPU_NEEDED)
-        return Leaderboard([e], labels, GPU_NEEDED + "; nothing was timed")
     if log:
         log(f"timing {name} on {len(shape_list)} shapes")
     mine = time_local(ex, lambda s: ex.timing.run(candidate, s), shape_list, log=log)
