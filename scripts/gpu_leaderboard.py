@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))          # this checkout's flashlab, also for the notebook run in this process
 EXERCISES = "flash_forward,flash_backward"
 
 

@@ -814,7 +814,7 @@ def write_leaderboard(out_dir, rows, exercises, shape_list, log, isolation: str 
         return None
     board = L.class_leaderboard(rows, timed, shape_list, log=log)
     if isolation:
-        board.note += f"; students' kernels timed in: {isolation.split(' (')[0]}"
+        board.note = "; ".join(x for x in (board.note, f"students' kernels timed in: {isolation.split(' (')[0]}") if x)
     out = OutDir(out_dir)
     try:
         out.replace(LEADERBOARD_CSV, board.csv())
