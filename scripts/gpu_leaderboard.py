@@ -15,7 +15,7 @@ exercise's cell, with the kernel changed:
     fox   forward: every other key tile skipped (twice as fast, wrong): fails its grade, never timed
     gil   forward: the process exits inside the function: "crashed"
 
-then runs the real ``python -m flashlab grade CLASS --out OUT/grades --leaderboard`` (as root: the
+then runs the real ``python -m flashlab grade CLASS --out OUT/grades --leaderboard --jobs 4`` (as root: the
 sandbox; if the sandbox cannot start on this machine, it prints why and runs again with
 ``--isolation weak``, saying so in its output and in the figure's title; ``--no-fallback`` stops
 instead), copies ``leaderboard.csv`` and ``leaderboard.png`` into OUT, checks what it expects of
@@ -151,6 +151,7 @@ def run_grade(cls, grades, args, isolation, log):
     cmd = [sys.executable, "-m", "flashlab", "grade", str(cls), "--out", str(grades), "--leaderboard",
            "--leaderboard-seqlens", *map(str, args.seqlens), "--leaderboard-dims", *map(str, args.dims),
            "--exercises", EXERCISES, "--timeout", str(args.timeout), "--memory", "unlimited", "--quiet",
+           "--jobs", str(args.jobs),
            "--isolation", isolation]
     print("$ " + " ".join(cmd), flush=True)
     t0 = time.time()
@@ -196,6 +197,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=int, default=480, help="seconds per notebook")
     ap.add_argument("--no-fallback", action="store_true", help="stop if the sandbox cannot start (no weak run)")
     ap.add_argument("--no-notebook", action="store_true", help="skip the learner's leaderboard() run")
+    ap.add_argument("--jobs", type=int, default=4,
+                    help="notebooks graded at once (these notebooks do no GPU work outside grade(), so a timed "
+                         "window, which holds grade() cases back, has the GPU alone)")
     args = ap.parse_args()
     args.seqlens = [1024, 4096, 16384] if args.full else [4096] if args.quick else [4096, 16384]
     args.dims = [64, 128]

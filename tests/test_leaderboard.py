@@ -388,3 +388,38 @@ def test_leaderboard_stops_when_the_graded_code_cannot_use_the_gpu():
             g.selftest()
     finally:
         g.close()
+
+
+def test_a_timed_window_has_the_gpu_alone():
+    """With --jobs > 1: a window waits for the cases being run, and cases asked for meanwhile wait for it."""
+    turns, log = batch.GpuTurns(), []
+    running, release = threading.Event(), threading.Event()
+
+    def case(name, hold=False):
+        with turns.case():
+            log.append(f"{name} in")
+            if hold:
+                running.set()
+                release.wait(5)
+            log.append(f"{name} out")
+
+    def window():
+        with turns.timed():
+            log.append("window in")
+            time.sleep(0.05)
+            log.append("window out")
+
+    threads = [threading.Thread(target=case, args=("a", True))]
+    threads[0].start()
+    running.wait(5)
+    threads.append(threading.Thread(target=window))
+    threads[1].start()
+    time.sleep(0.1)
+    threads.append(threading.Thread(target=case, args=("b",)))
+    threads[2].start()
+    time.sleep(0.1)
+    assert log == ["a in"]                                    # the window waits for a; b waits for the window
+    release.set()
+    for t in threads:
+        t.join(5)
+    assert log == ["a in", "a out", "window in", "window out", "b in", "b out"]

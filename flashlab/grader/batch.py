@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -101,6 +102,42 @@ def verdict_of(result) -> dict:
     return v
 
 
+class GpuTurns:
+    """Who may use the GPU: the cases of any number of notebooks at once, or one leaderboard's timed window
+    alone.  A window waits for the cases being run to end and holds new ones back until it is over (a
+    notebook's own GPU work outside grade() is not seen: with --jobs 1 there is none beside a window)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._cases = 0
+        self._window = False
+
+    @contextmanager
+    def case(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._window)
+            self._cases += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._cases -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def timed(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._window)
+            self._window = True                  # from here new cases wait
+            self._cond.wait_for(lambda: self._cases == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._window = False
+                self._cond.notify_all()
+
+
 class _Run:
     """The state of one notebook's run, filled by the connections it makes."""
 
@@ -133,6 +170,7 @@ class Grader:
             self.cgroups = len(probe) == 2
             iso.remove_cgroups(probe)
         self.lock = threading.Lock()
+        self.turns = GpuTurns()
         self.stopping = False
 
     # -- the sandbox ----------------------------------------------------------
@@ -464,16 +502,17 @@ class Grader:
             logs = {n: Rq.Recorder(n, np.asarray(case.inputs[n])) for n in served}
             try:
                 inputs = P.pack({n: x for n, x in case.inputs.items() if n not in served}, arrays)
-                P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
-                              "served": {n: list(np.shape(case.inputs[n])) for n in served},
-                              "visible": case.visible, "large": case.large}, arrays,
-                       timeout=max(1.0, run.deadline - time.monotonic()))
-                case_deadline = min(run.deadline, time.monotonic() + ex.timeout + 30)
-                while True:
-                    reply, out_arrays = P.recv(conn, case_deadline, max_total=MAX_OUTPUT)
-                    if reply.get("op") != "read":
-                        break
-                    _serve_read(conn, reply, out_arrays, case, logs)
+                with self.turns.case():          # (a timed window of the leaderboard waits for it to end)
+                    P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
+                                  "served": {n: list(np.shape(case.inputs[n])) for n in served},
+                                  "visible": case.visible, "large": case.large}, arrays,
+                           timeout=max(1.0, run.deadline - time.monotonic()))
+                    case_deadline = min(run.deadline, time.monotonic() + ex.timeout + 30)
+                    while True:
+                        reply, out_arrays = P.recv(conn, case_deadline, max_total=MAX_OUTPUT)
+                        if reply.get("op") != "read":
+                            break
+                        _serve_read(conn, reply, out_arrays, case, logs)
                 status = reply.get("status")
                 if reply.get("op") != "outcome" or status not in ("ok", "error", "not implemented", "crash",
                                                                    "timeout"):
@@ -504,7 +543,7 @@ class Grader:
         if (self.cfg.leaderboard and verdict["status"] == "pass" and ex.timing is not None and not dead
                 and not run.selftest):
             from .ranking import time_remote   # the clock and the checks are this process's
-            verdict["timing"] = time_remote(conn, ex, self.cfg.leaderboard, run.deadline)
+            verdict["timing"] = time_remote(conn, ex, self.cfg.leaderboard, run.deadline, self.turns)
             if verdict["timing"]["status"] in ("timed out", "crashed"):
                 dead.append("the notebook stopped answering while it was timed")
         run.grades[name] = verdict           # the last call of an exercise counts
@@ -700,8 +739,9 @@ def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = 
     if timing:
         cfg.leaderboard = list(leaderboard_shapes or L.shapes())
         if cfg.jobs > 1:
-            log(f"leaderboard: grading one notebook at a time (not {cfg.jobs}): timings need the GPU to themselves")
-            cfg.jobs = 1
+            log(f"leaderboard: with --jobs {cfg.jobs}, every timed window waits for the other notebooks' grade() "
+                "cases and holds new ones back, but a notebook's own GPU work outside grade() (other cells) can "
+                "run beside it: --jobs 1 for the fairest numbers")
     subs, skipped = discover(paths, student_pattern)
     out = OutDir(out_dir)
     grader = Grader(cfg)

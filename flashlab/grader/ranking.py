@@ -22,9 +22,10 @@ What is timed, and what the numbers rest on:
   clock stops when the checksums arrive.  The grader draws the same inputs itself, computes the same
   checksums of its own reference outputs (flashlab's op) and compares: a checksum off by more than
   the tolerance marks the kernel "wrong at a timed shape", and it never ranks.  The time per call is
-  (elapsed − the grader's own time to compute those checksums) / calls.
+  (elapsed − the grader's own time to compute those checksums, at most half of it) / calls.
 * So a notebook cannot claim a time: it can only be slow (the clock includes one socket round trip
-  per shape, ~0.1 ms over windows of several ms).  It could run the work in another way than its
+  per shape, against windows of several milliseconds).  The window has the GPU alone as far as the
+  grader can see to it (``batch.GpuTurns``: other notebooks' grade() cases wait for it).  It could run the work in another way than its
   kernel (PyTorch's attention, say) — the grader checks answers, not authorship, as for the verdict.
 * **The references** (flashlab's op, SDPA's FlashAttention and cuDNN backends) are timed in the
   grader's own process by the same routine, in the same run, after the class was graded.
@@ -396,11 +397,18 @@ def serve_timing(sock, ex, candidate, header) -> None:
         window.close()
 
 
-def time_remote(conn, ex, shape_list, deadline: float) -> dict:
+def time_remote(conn, ex, shape_list, deadline: float, turns=None) -> dict:
     """In the grader: time a passing candidate over its grade() connection, shape by shape.  Returns
     {"status": "ok" | "wrong" | "error" | "timed out" | "crashed", "detail", "shapes": [...]}; it stops
-    at the first shape that is not "ok"."""
+    at the first shape that is not "ok".  ``turns`` (batch.GpuTurns): the GPU work before the clock (the
+    grader's references, the sandbox's inputs and untimed call) shares the GPU like a grade() case; the
+    timed window has it alone."""
+    from contextlib import nullcontext
+
     from . import protocol as P
+    from .roster import show
+    shared = turns.case if turns is not None else nullcontext
+    alone = turns.timed if turns is not None else nullcontext
     timing = ex.timing
     rows = []
     for shape in shape_list:
@@ -408,24 +416,25 @@ def time_remote(conn, ex, shape_list, deadline: float) -> dict:
         seed = secrets.randbits(48)
         base = _row(shape, calls)
         try:
-            exp = expected(timing, shape, seed, calls, timing.outputs)
-        except Exception as e:       # the grader's own reference failed (out of memory, say): not the student's fault
-            rows.append(dict(base, status="error", detail=f"the grader's reference failed: {type(e).__name__}"))
-            break
-        try:
-            P.send(conn, {"op": "time", "shape": shape.as_dict(), "seed": seed, "calls": calls},
-                   timeout=max(1.0, deadline - time.monotonic()))
-            ready, _ = P.recv(conn, min(deadline, time.monotonic() + SETUP_LIMIT))
+            with shared():
+                try:
+                    exp = expected(timing, shape, seed, calls, timing.outputs)
+                except Exception as e:   # the grader's own reference failed (out of memory, say): not the student's
+                    rows.append(dict(base, status="error", detail=f"the grader's reference failed: {type(e).__name__}"))
+                    break
+                P.send(conn, {"op": "time", "shape": shape.as_dict(), "seed": seed, "calls": calls},
+                       timeout=max(1.0, deadline - time.monotonic()))
+                ready, _ = P.recv(conn, min(deadline, time.monotonic() + SETUP_LIMIT))
             if ready.get("op") != "ready":
-                from .roster import show
                 rows.append(dict(base, status="error",
                                  detail="the kernel failed before the clock started: "
                                         + show(ready.get("error", ready.get("op")))[:300]))
                 break
-            t0 = time.perf_counter()
-            P.send(conn, {"op": "go"}, timeout=10)
-            reply, _ = P.recv(conn, min(deadline, time.monotonic() + WINDOW_LIMIT))
-            elapsed = time.perf_counter() - t0
+            with alone():
+                t0 = time.perf_counter()
+                P.send(conn, {"op": "go"}, timeout=10)
+                reply, _ = P.recv(conn, min(deadline, time.monotonic() + WINDOW_LIMIT))
+                elapsed = time.perf_counter() - t0
         except P.PeerTimeout:
             rows.append(dict(base, status="timed out", detail=f"no answer in time at {shape.label}"))
             break
@@ -433,7 +442,6 @@ def time_remote(conn, ex, shape_list, deadline: float) -> dict:
             rows.append(dict(base, status="crashed", detail=f"the notebook stopped answering at {shape.label} ({e})"))
             break
         if reply.get("op") != "timing" or reply.get("status") != "ok":
-            from .roster import show
             rows.append(dict(base, status="error",
                              detail=f"the kernel failed at {shape.label}: " + show(reply.get("error", ""))[:300]))
             break
