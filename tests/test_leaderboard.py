@@ -423,3 +423,12 @@ def test_a_timed_window_has_the_gpu_alone():
     for t in threads:
         t.join(5)
     assert log == ["a in", "a out", "window in", "window out", "b in", "b out"]
+
+
+def test_memory_can_be_unlimited_for_cuda():
+    import resource
+    from flashlab.grader import cli, isolation
+    assert cli._size("unlimited") == resource.RLIM_INFINITY and cli._size("4G") == 4 << 30
+    lim = isolation.Limits(memory=cli._size("unlimited"))
+    cmd = isolation.weak_command(["python"], lim)
+    assert not any(a.startswith("--as=-") for a in cmd)                 # prlimit is told "unlimited", not -1
