@@ -556,7 +556,7 @@ def entry_from_timing(exercise, name, timing: dict | None, kind="student") -> En
     return e
 
 
-def entries_from_rows(rows, exercises, shape_labels=None) -> list:
+def entries_from_rows(rows, exercises) -> list:
     """Entries for the students of a graded class (roster.StudentRow), per timed exercise: the verdict that
     counts is the student's (the worst of their notebooks), so a student who failed anywhere never ranks."""
     out = []
