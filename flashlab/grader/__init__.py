@@ -14,6 +14,9 @@ Under batch grading (``python -m flashlab grade``), the call instead hands the
 function to the instructor's grader, which sends it freshly drawn cases and
 computes the verdict itself (see :mod:`flashlab.grader.batch`); ``seed`` is then
 ignored and the call returns a receipt, not a verdict.
+
+``leaderboard(name, fn)`` grades ``fn`` for a timed kernel exercise and, on a GPU, times it beside
+flashlab's op and SDPA's backends (:mod:`flashlab.grader.ranking`; the class's: ``python -m flashlab grade --leaderboard``).
 """
 from __future__ import annotations
 
@@ -21,9 +24,10 @@ import os
 
 from .core import grade as _grade
 from .exercises import EXERCISES
+from .ranking import leaderboard
 from .report import CaseResult, Result
 
-__all__ = ["grade", "exercises", "Result", "CaseResult"]
+__all__ = ["grade", "exercises", "leaderboard", "Result", "CaseResult"]
 
 
 def exercises() -> dict:

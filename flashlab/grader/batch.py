@@ -47,6 +47,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -78,6 +79,7 @@ class Config:
     isolation: str = "auto"
     jobs: int = 1
     exercises: list | None = None          # only these exercises count (default: all)
+    leaderboard: list | None = None        # shapes at which a passing kernel is timed (None: no timing)
     limits: iso.Limits = field(default_factory=iso.Limits)
 
 
@@ -98,6 +100,42 @@ def verdict_of(result) -> dict:
             v["message"] = (f"incomplete: {result.incomplete[0]} of {result.incomplete[1]} cases ran; "
                             + v["message"])[:300]
     return v
+
+
+class GpuTurns:
+    """Who may use the GPU: the cases of any number of notebooks at once, or one leaderboard's timed window
+    alone.  A window waits for the cases being run to end and holds new ones back until it is over (a
+    notebook's own GPU work outside grade() is not seen: with --jobs 1 there is none beside a window)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._cases = 0
+        self._window = False
+
+    @contextmanager
+    def case(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._window)
+            self._cases += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._cases -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def timed(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._window)
+            self._window = True                  # from here new cases wait
+            self._cond.wait_for(lambda: self._cases == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._window = False
+                self._cond.notify_all()
 
 
 class _Run:
@@ -132,6 +170,7 @@ class Grader:
             self.cgroups = len(probe) == 2
             iso.remove_cgroups(probe)
         self.lock = threading.Lock()
+        self.turns = GpuTurns()
         self.stopping = False
 
     # -- the sandbox ----------------------------------------------------------
@@ -230,7 +269,7 @@ class Grader:
     def describe(self) -> str:
         if self.mode == "weak":
             return "weak (student code ran as the instructor)"
-        mem = f"{self.cfg.limits.memory >> 20} MiB"
+        mem = f"{self.cfg.limits.memory >> 20} MiB" if self.cfg.limits.memory >= 0 else "unlimited memory"
         return ("sandbox (namespaces, unprivileged uid, " +
                 (f"cgroup: {mem} and {self.cfg.limits.processes} processes per notebook)" if self.cgroups else
                  f"no writable cgroup: {mem} address space per process)"))
@@ -249,7 +288,8 @@ class Grader:
         student's runs: the interpreter this run uses (a virtual environment's, with its packages),
         the sandbox, the kernel, ``grade()`` over the socket.  Its one cell answers an exercise
         rightly and reports what it can reach; unless the verdict is "pass", the run ran to its end,
-        and it ran unprivileged without write access to flashlab or the network, stop here."""
+        and it ran unprivileged without write access to flashlab or the network, stop here (and, for the
+        leaderboard, unless it could use the GPU)."""
         key = (self.mode, self.python, self.pkg, json.dumps(iso.python_trees()), _SELFTEST_CELL,
                json.dumps(asdict(self.cfg.limits)))
         if key in _SELFTESTS_PASSED:          # the same setup, already proven in this process
@@ -274,6 +314,9 @@ class Grader:
             problems.append("it could reach the network")
         if problems:
             raise iso.IsolationError("the sandbox is not isolated: " + ", ".join(problems))
+        if self.cfg.leaderboard and not facts.get("cuda"):
+            raise iso.IsolationError("--leaderboard: the grader has a GPU but the code it grades cannot use it "
+                                     f"({self.describe()}: CUDA is not available there), so there is nothing to time")
         _SELFTESTS_PASSED[key] = facts
         return facts
 
@@ -459,16 +502,17 @@ class Grader:
             logs = {n: Rq.Recorder(n, np.asarray(case.inputs[n])) for n in served}
             try:
                 inputs = P.pack({n: x for n, x in case.inputs.items() if n not in served}, arrays)
-                P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
-                              "served": {n: list(np.shape(case.inputs[n])) for n in served},
-                              "visible": case.visible, "large": case.large}, arrays,
-                       timeout=max(1.0, run.deadline - time.monotonic()))
-                case_deadline = min(run.deadline, time.monotonic() + ex.timeout + 30)
-                while True:
-                    reply, out_arrays = P.recv(conn, case_deadline, max_total=MAX_OUTPUT)
-                    if reply.get("op") != "read":
-                        break
-                    _serve_read(conn, reply, out_arrays, case, logs)
+                with self.turns.case():          # (a timed window of the leaderboard waits for it to end)
+                    P.send(conn, {"op": "case", "kind": "run", "params": case.params, "inputs": inputs,
+                                  "served": {n: list(np.shape(case.inputs[n])) for n in served},
+                                  "visible": case.visible, "large": case.large}, arrays,
+                           timeout=max(1.0, run.deadline - time.monotonic()))
+                    case_deadline = min(run.deadline, time.monotonic() + ex.timeout + 30)
+                    while True:
+                        reply, out_arrays = P.recv(conn, case_deadline, max_total=MAX_OUTPUT)
+                        if reply.get("op") != "read":
+                            break
+                        _serve_read(conn, reply, out_arrays, case, logs)
                 status = reply.get("status")
                 if reply.get("op") != "outcome" or status not in ("ok", "error", "not implemented", "crash",
                                                                    "timeout"):
@@ -496,6 +540,12 @@ class Grader:
         except Exception as e:     # a hostile output that breaks the comparison is an error, never a pass
             verdict = {"status": "error", "cases_passed": 0, "cases": 0,
                        "message": f"the grader could not check the outputs ({type(e).__name__})"}
+        if (self.cfg.leaderboard and verdict["status"] == "pass" and ex.timing is not None and not dead
+                and not run.selftest):
+            from .ranking import time_remote   # the clock and the checks are this process's
+            verdict["timing"] = time_remote(conn, ex, self.cfg.leaderboard, run.deadline, self.turns)
+            if verdict["timing"]["status"] in ("timed out", "crashed"):
+                dead.append("the notebook stopped answering while it was timed")
         run.grades[name] = verdict           # the last call of an exercise counts
         if not dead:
             _send_quiet(conn, {"op": "done"})
@@ -513,7 +563,8 @@ _SELFTEST_CELL = """import json, os, socket, sys
 import numpy as np
 from flashlab.grader import grade, protocol as P
 import flashlab
-facts = {"uid": os.getuid(), "python": sys.executable, "prefix": sys.prefix, "flashlab": flashlab.__file__}
+facts = {"uid": os.getuid(), "python": sys.executable, "prefix": sys.prefix, "flashlab": flashlab.__file__,
+         "cuda": flashlab.device.DEVICE.type == "cuda"}
 try:
     with open(flashlab.__file__, "a"):
         facts["flashlab_writable"] = True
@@ -666,12 +717,31 @@ def _load_results(out: OutDir) -> dict:
 
 def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = True, *,
               isolation: str = "auto", jobs: int = 1, resume: bool = False, student_pattern=None,
-              exercises=None, limits: iso.Limits | None = None, log=None):
-    """Grade every notebook under ``paths``; returns the student rows (also written to ``out_dir``)."""
+              exercises=None, limits: iso.Limits | None = None, log=None, leaderboard: bool = False,
+              leaderboard_shapes=None):
+    """Grade every notebook under ``paths``; returns the student rows (also written to ``out_dir``).
+
+    ``leaderboard``: also time every kernel that passes a timed exercise (on a GPU; see
+    :mod:`flashlab.grader.ranking`) at ``leaderboard_shapes`` (default: every N and D of the
+    protocol) and write ``leaderboard.csv`` and ``leaderboard.png``; on a CPU, grade and say that
+    timing needs a GPU, writing no leaderboard."""
     from tqdm.auto import tqdm
+    from . import ranking as L
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg = Config(timeout=timeout, isolation=isolation, jobs=max(1, int(jobs)), exercises=exercises,
                  limits=limits or iso.Limits())
+    timing = leaderboard and L.gpu_available()
+    if leaderboard and resume:
+        raise ValueError("--leaderboard times every kernel and the references in one run: "
+                         "it cannot be combined with --resume")
+    if leaderboard and not timing:
+        log(f"leaderboard: {L.GPU_NEEDED}. Grading only; no leaderboard is written.")
+    if timing:
+        cfg.leaderboard = list(leaderboard_shapes or L.shapes())
+        if cfg.jobs > 1:
+            log(f"leaderboard: with --jobs {cfg.jobs}, every timed window waits for the other notebooks' grade() "
+                "cases and holds new ones back, but a notebook's own GPU work outside grade() (other cells) can "
+                "run beside it: --jobs 1 for the fairest numbers")
     subs, skipped = discover(paths, student_pattern)
     out = OutDir(out_dir)
     grader = Grader(cfg)
@@ -763,4 +833,35 @@ def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = 
         log(f"interrupted: {len(records)} of {len(subs)} notebooks graded; "
             f"run again with --resume to finish")
         raise KeyboardInterrupt
+    if leaderboard and not timing:
+        log(f"leaderboard: not written ({L.GPU_NEEDED}); the grades are in {out.path}")
+    elif timing:
+        write_leaderboard(out_dir, rows, exercises, cfg.leaderboard, log, grader.describe())
     return rows
+
+
+LEADERBOARD_CSV, LEADERBOARD_PNG = "leaderboard.csv", "leaderboard.png"
+
+
+def write_leaderboard(out_dir, rows, exercises, shape_list, log, isolation: str = ""):
+    """After grading, on a GPU: time the references, rank the class, write leaderboard.csv and .png
+    (the figure's title names the GPU, the versions, the date and the isolation the kernels ran under)."""
+    from . import ranking as L
+    graded = {ex for r in rows for ex in r.grades}
+    timed = [ex for ex in L.timed_exercises(exercises) if ex in graded or (exercises and ex in exercises)]
+    if not timed:
+        log("leaderboard: no notebook graded a timed exercise (" + ", ".join(L.timed_exercises()) + "): not written")
+        return None
+    board = L.class_leaderboard(rows, timed, shape_list, log=log)
+    if isolation:
+        board.note = "; ".join(x for x in (board.note, f"students' kernels timed in: {isolation.split(' (')[0]}") if x)
+    out = OutDir(out_dir)
+    try:
+        out.replace(LEADERBOARD_CSV, board.csv())
+        from ..viz.figures import _png
+        out.replace(LEADERBOARD_PNG, _png(board.figure()))
+    finally:
+        out.close()
+    log(repr(board))
+    log(f"wrote {out.path}/{LEADERBOARD_CSV} and {out.path}/{LEADERBOARD_PNG}")
+    return board

@@ -10,7 +10,12 @@ def _assign(args):
 
 
 def _size(text: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    """Bytes from "4G", "512M", ...; "unlimited" is no limit (RLIM_INFINITY: CUDA reserves far more
+    address space than it uses, so a GPU run may need it)."""
+    import resource
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    if text.strip().lower() in ("unlimited", "infinity", "none"):
+        return resource.RLIM_INFINITY
     t = text.strip().lower().rstrip("b")
     return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
 
@@ -26,11 +31,16 @@ def _grade(args):
             print(f"error: unknown exercises {unknown}; they are: {', '.join(EXERCISES)}", file=sys.stderr)
             return 2
     limits = Limits(memory=_size(args.memory), processes=args.processes, cpu=int(args.cpu or args.timeout + 60))
+    shape_list = None
+    if args.leaderboard:
+        from .ranking import shapes
+        shape_list = shapes(args.leaderboard_seqlens, args.leaderboard_dims)
     try:
         rows = grade_all(args.submissions, args.out, args.timeout, progress=not args.quiet,
                          isolation=args.isolation, jobs=args.jobs, resume=args.resume,
                          student_pattern=args.student_pattern,
-                         exercises=exercises, limits=limits)
+                         exercises=exercises, limits=limits, leaderboard=args.leaderboard,
+                         leaderboard_shapes=shape_list)
     except (IsolationError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -76,4 +86,12 @@ def add_commands(sub) -> None:
     p.add_argument("--processes", type=int, default=256, help="processes and threads per submission")
     p.add_argument("--cpu", type=int, default=None, help="CPU seconds per process (default: timeout + 60)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--leaderboard", action="store_true",
+                   help="on a GPU, also time every kernel that passes flash_forward / flash_backward in its sandbox, "
+                        "beside SDPA and flashlab's op, and write leaderboard.csv and leaderboard.png (on a CPU: "
+                        "grading only, and a message)")
+    p.add_argument("--leaderboard-seqlens", type=int, nargs="+", default=[1024, 4096, 16384],
+                   help="sequence lengths timed (16k tokens per batch)")
+    p.add_argument("--leaderboard-dims", type=int, nargs="+", default=[64, 128], choices=(16, 32, 64, 128),
+                   help="head dims timed")
     p.set_defaults(func=_grade)

@@ -72,6 +72,7 @@ class Exercise:
     requirements: tuple = ()            # what is checked beyond the values (sentences, for the docs and reports)
     served: Callable | None = None      # served(case) -> names of inputs batch grading serves on request
     check: Callable | None = None       # check(case, {name: Recorder}) -> violations, from the reads served
+    timing: object | None = None        # how the leaderboard times a passing candidate (grader.ranking.Timing)
     module: str = ""                    # the registering module (set by the registry)
 
     def __post_init__(self):

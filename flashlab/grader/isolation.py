@@ -55,7 +55,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 
 @dataclass
 class Limits:
-    memory: int = 4 << 30          # address space per process (RLIMIT_AS), bytes
+    memory: int = 4 << 30          # address space per process (RLIMIT_AS), bytes; RLIM_INFINITY (-1): none
     processes: int = 256           # processes and threads of the submission's uid (RLIMIT_NPROC)
     cpu: int = 900                 # CPU seconds per process (RLIMIT_CPU)
     file_size: int = 64 << 20      # largest file it can write, the log included (RLIMIT_FSIZE)
@@ -235,7 +235,7 @@ def weak_command(argv: list, limits: Limits) -> list:
     if shutil.which("setpriv"):
         cmd += ["setpriv", "--pdeathsig", "KILL", "--"]
     if shutil.which("prlimit"):
-        cmd += ["prlimit", f"--as={limits.memory}", f"--cpu={limits.cpu}", f"--fsize={limits.file_size}",
+        cmd += ["prlimit", f"--as={limits.memory if limits.memory >= 0 else 'unlimited'}", f"--cpu={limits.cpu}", f"--fsize={limits.file_size}",
                 f"--nofile={limits.open_files}", "--core=0", "--"]
     return cmd + argv
 

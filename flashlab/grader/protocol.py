@@ -5,7 +5,9 @@ reach.  Inside that sandbox, the notebook's own ``grade("name", fn)`` call conne
 names the exercise, then for each case the grader drew it receives the case's
 params and input arrays, runs ``fn`` on them locally and sends the outputs back.
 The grader compares them with its own reference and keeps the verdict; the
-notebook only learns that its answer was collected.
+notebook only learns that its answer was collected.  With ``--leaderboard`` a
+passing kernel is then timed over the same connection ("time", "ready", "go",
+checksums back: :mod:`flashlab.grader.ranking`), on the grader's clock.
 
 A frame is a 4-byte big-endian length, a UTF-8 JSON header of that length, then
 the raw bytes of the arrays the header lists (``{"dtype": "<f8", "shape": [..]}``
@@ -225,6 +227,10 @@ def serve_cases(ex, candidate, path: str | None = None, sock: socket.socket | No
             op = header.get("op")
             if op == "done":
                 return Submitted(ex.name, str(header.get("note", "")))
+            if op == "time" and getattr(ex, "timing", None) is not None:   # the leaderboard: a passing kernel
+                from .ranking import serve_timing
+                serve_timing(sock, ex, candidate, header)
+                continue
             if op != "case":
                 return Submitted(ex.name, f"the grader said: {str(header.get('message', op))[:200]}")
             inputs = unpack(header["inputs"], arrays, torch_ok=True, device=device.DEVICE)

@@ -214,11 +214,12 @@ class OutDir:
         self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         self._append = None
 
-    def replace(self, name: str, text: str) -> None:
+    def replace(self, name: str, text: str | bytes) -> None:
         tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=self.fd)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            with (os.fdopen(fd, "wb") if isinstance(text, bytes) else
+                  os.fdopen(fd, "w", encoding="utf-8", newline="")) as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())

@@ -398,3 +398,52 @@ def fig_tflops_vs_n(series: dict, seqlens, title="", ceiling=None):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------
+# the class leaderboard (flashlab.grader.ranking)
+# ----------------------------------------------------------------------------
+
+def fig_leaderboard(board, title: str = ""):
+    """A leaderboard (``flashlab.grader.ranking.Leaderboard``) as bars: one panel per exercise, the
+    students' geometric-mean TFLOP/s in rank order, then every student who does not rank, marked with why
+    (no bar: failed, timed out, wrong at a timed shape, ...); the references as horizontal lines."""
+    exercises = list(dict.fromkeys(e.exercise for e in board.entries))
+    n = max(1, len(exercises))
+    widths = [max(4, sum(e.kind == "student" for e in board.entries if e.exercise == ex)) for ex in exercises] or [4]
+    fig = Figure(figsize=(min(14.0, 2.0 + 0.55 * sum(widths) + 1.6 * n), 4.6))
+    axes = fig.subplots(1, n, squeeze=False, width_ratios=widths)[0]
+    from ..grader.ranking import REFERENCE_LABELS
+    known = list(REFERENCE_LABELS.values())
+    colors = ["#2ca02c", "#d62728", "#7f7f7f", "#9467bd", "#8c564b"]     # one per reference, in every panel
+    for ax, ex in zip(axes, exercises):
+        labels = board.shape_labels.get(ex, [])
+        students = [e for e in board.entries if e.exercise == ex and e.kind == "student"]
+        refs = [e for e in board.entries if e.exercise == ex and e.kind == "reference"]
+        scores = [e.score(labels) if e.status == "ranked" else None for e in students]
+        top = max([s for s in scores if s] + [r.score(labels) or 0 for r in refs] + [1.0])
+        xs = np.arange(len(students))
+        ax.bar(xs, [s or 0 for s in scores], color="#1f77b4", width=0.7)
+        for x, e, s in zip(xs, students, scores):
+            if s:
+                ax.text(x, s, f"{s:.0f}", ha="center", va="bottom", fontsize=7)
+            else:
+                ax.text(x, top * 0.02, e.status, rotation=90, ha="center", va="bottom", fontsize=7,
+                        color="#d62728")
+        for i, r in enumerate(refs):
+            s = r.score(labels)
+            c = colors[(known.index(r.name) if r.name in known else len(known) + i) % len(colors)]
+            if s:
+                ax.axhline(s, color=c, ls="--", lw=1.2, label=f"{r.name}: {s:.0f}")
+        ax.set_xticks(xs, [(f"{e.rank}. " if e.rank else "") + e.name[:18] for e in students],
+                      rotation=35, ha="right", fontsize=8)
+        ax.set_xlim(-0.6, max(len(students), 3) - 0.4)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_ylabel("TFLOP/s (geometric mean)")
+        ax.set_title(f"{ex} ({len(labels)} shapes)", fontsize=9)
+        if refs:
+            ax.legend(fontsize=7, loc="upper right")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title or ("Leaderboard, fp16, 16k tokens" + (f" — {board.note}" if board.note else "")), fontsize=9)
+    fig.tight_layout()
+    return fig

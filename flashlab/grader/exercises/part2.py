@@ -21,7 +21,7 @@ from ... import device
 from ... import reference as R
 from ...bounds import causal_tile_ranges
 from .. import kernel_bugs as KB
-from .. import launches
+from .. import launches, ranking
 from ..core import Bug, Case, Exercise
 from ..memory import SENTINEL, output_buffer, padded, stray_writes, unwritten
 from . import register
@@ -741,7 +741,8 @@ register(Exercise(
                          "are not (in the interpreter your kernel runs in a child process, so a crash is still "
                          "reported rather than killing the notebook).",
     _kernel_cases, _fwd_run, _fwd_ref, _kernel_tol, _kernel_locate,
-    _attn_bugs(True, _kernel_per_slice) + _fwd_kernel_bugs(), probe=_fwd_probe, notebook="05", **_KERNEL))
+    _attn_bugs(True, _kernel_per_slice) + _fwd_kernel_bugs(), probe=_fwd_probe, notebook="05",
+    timing=ranking.FORWARD, **_KERNEL))
 
 register(Exercise(
     "causal_loop_bounds",

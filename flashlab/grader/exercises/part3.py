@@ -14,7 +14,7 @@ from ... import device
 from ... import reference as R
 from .. import bugs_backward as BB
 from .. import kernel_bugs as KB
-from .. import launches
+from .. import launches, ranking
 from ..core import Bug, Case, Exercise
 from ..memory import SENTINEL, padded, stray_writes, unwritten
 from . import register
@@ -254,4 +254,4 @@ register(Exercise(
                           "into dq, dk, dv in place. The tensors are views with padding around them: use their strides. "
                           "Scratch you allocate yourself (e.g. Delta) is not guarded by the grader's padding.",
     _bwd_cases, _bwd_run, _bwd_ref, _bwd_tol, _kernel_locate, _bwd_bugs(), isolate=device.INTERPRET,
-    timeout=240.0, notebook="07", needs_triton=True))
+    timeout=240.0, notebook="07", needs_triton=True, timing=ranking.BACKWARD))
