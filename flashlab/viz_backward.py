@@ -203,7 +203,9 @@ def fig_bwd_sweep(sweep):
     ax.set_xticks(range(len(groups)), [f"D={d}, {'causal' if c else 'non-causal'}" for d, c in groups])
     ax.set_ylabel("backward TFLOP/s (fp16, N = 16384)")
     ax.set_ylim(0, max(r["tflops"] for r in sweep["results"]) * 1.25)
-    ax.set_title("Tile sweep of the backward (dK/dV tile / dQ tile, warps, stages)", fontsize=10)
+    gpu = sweep.get("machine", {}).get("gpu", "GPU")
+    ax.set_title(f"Tile sweep of the backward on {gpu}, fp16, N = 16384, recorded {sweep.get('date', '')}\n"
+                 "(dK/dV tile / dQ tile, warps, stages)", fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc="upper left")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()

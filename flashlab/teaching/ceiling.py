@@ -28,9 +28,9 @@ RECORD = "h200_part2.json"
 N = 4096
 
 RECONCILE = (
-    "Four matmul rates of the same H200 appear in the course's recordings: ~790 TFLOP/s (notebook 01, bf16, "
-    "8192^3), 698 (notebook 04 and 05's recording, fp16, 4096^3, 2026-11-30 10:51 UTC), 692 (a live fp16 4096^3 "
-    "run of notebook 05) and 650 (fp16, 8192^3, recorded beside notebook 06's FA1 and L2 timings at 15:27 UTC). "
+    "Recorded earlier, for comparison only (not this run): four matmul rates of the same H200 appear in the "
+    "course's recordings: ~790 TFLOP/s (notebook 01, bf16, 8192^3), 698 (notebook 04 and 05's recording, fp16, "
+    "4096^3, 2026-11-30 10:51 UTC), 692 (fp16 4096^3, an earlier GPU run of notebook 05) and 650 (fp16, 8192^3, recorded beside notebook 06's FA1 and L2 timings at 15:27 UTC). "
     "They are one GPU measured at different times, sizes and dtypes: the H200's clock follows its power and "
     "temperature, so a longer or later run can be 5-20 % slower, and neither matches the datasheet's 989 "
     "(dense fp16 at the boost clock). None is wrong; mixing them is. So each notebook takes one, in its "
