@@ -38,6 +38,7 @@ import torch
 
 from . import device
 from .kernels.decode import decode_merge_kernel, decode_split_kernel
+from .kernels.tiles import launch_cached
 
 __all__ = ["flash_decode", "choose_num_splits", "decode_config", "MAX_HEAD_DIM"]
 
@@ -318,7 +319,8 @@ def _make_plan(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale
             scale, float(softcap) if softcap is not None else 1.0, left, right)
     merge = dict(BLOCK_S=_next_pow2(S), BLOCK_D=block_d, HEAD_DIM=D, num_warps=4 if S * block_d <= 8192 else 8)
     return dict(B=B, H=H, Nq=Nq, D=D, S=S, capacity=capacity, page=page, upcast=upcast, grid=(programs * S,),
-                n_rows=n_rows, ints=ints, consts=consts, merge=merge, n_blocks=k_cache.shape[0])
+                n_rows=n_rows, ints=ints, consts=consts, merge=merge, n_blocks=k_cache.shape[0],
+                runners={}, merge_runners={})
 
 
 def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
@@ -356,12 +358,17 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, s
     bt = block_table if paged else o                  # any tensor: not read when not paged
     seq = cache_seqlens if cache_seqlens is not None else o
     bts = block_table.stride() if paged else (0, 0)
-    decode_split_kernel[plan["grid"]](
-        q, k_cache, v_cache, bt, seq, o if S == 1 else ws, lse if S == 1 else ws,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *bts, *plan["ints"],
-        STORE_LSE=return_lse or S > 1, **plan["consts"])
+    ptrs = (q, k_cache, v_cache, bt, seq, o if S == 1 else ws, lse if S == 1 else ws)
+    strides = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *bts)
+    # after the first call of a layout, the compiled kernels' runners (a decode step is tens of microseconds:
+    # JITFunction's per-call binding would be a third of it); the key is what Triton specialises on here
+    key = (strides, tuple(t.data_ptr() & 15 for t in ptrs))
+    launch_cached(decode_split_kernel, plan["grid"], (*ptrs, *strides, *plan["ints"]),
+                  dict(plan["consts"], STORE_LSE=return_lse or S > 1), plan["runners"], key)
     if S > 1:
-        decode_merge_kernel[(plan["n_rows"],)](ws, o, lse, plan["ints"][7], S, STORE_LSE=return_lse, **plan["merge"])
+        launch_cached(decode_merge_kernel, (plan["n_rows"],), (ws, o, lse, plan["ints"][7], S),
+                      dict(plan["merge"], STORE_LSE=return_lse), plan["merge_runners"],
+                      tuple(t.data_ptr() & 15 for t in (ws, o, lse)))
     if o.dtype != out_dtype:   # bf16 computed in fp32 by the interpreter
         o = o.to(out_dtype)
     return (o, lse) if return_lse else o

@@ -314,6 +314,29 @@ def test_gpu_cuda_graph_capture(rng):
             assert torch.allclose(o_static.float(), want.float(), atol=2e-2), (paged, new)
 
 
+@pytest.mark.gpu
+def test_gpu_later_calls_launch_through_runners(rng):
+    """After the first call of a layout, both kernels launch through their compiled runners (no
+    JITFunction.run per call), on new tensors each time, and stay right; a new layout compiles again."""
+    from flashlab.kernels import tiles
+    gen = _gen(rng)
+    B, H, H_kv, Nq, N, D = 2, 8, 2, 1, 4000, 128
+    dtype = torch.bfloat16
+    for i in range(3):
+        q, k, v = _rand((B, H, Nq, D), dtype), _rand((B, H_kv, N, D), dtype), _rand((B, H_kv, N, D), dtype)
+        lens = _lens(B, N, gen)
+        before = dict(tiles.STATS)
+        _check(q, k, v, lens, num_splits=4, label=f"call {i}")
+        fast = tiles.STATS["fast"] - before["fast"]
+        jit = tiles.STATS["jit"] - before["jit"]
+        if i > 0:
+            assert (fast, jit) == (2, 0), (i, fast, jit)     # split kernel and merge kernel
+    kt = _rand((B, N, H_kv, D), dtype).transpose(1, 2)         # another layout: other strides
+    before = dict(tiles.STATS)
+    _check(q, kt, kt, lens, num_splits=4, label="transposed cache")
+    assert tiles.STATS["jit"] - before["jit"] >= 1
+
+
 def test_without_triton_says_so(tmp_path):
     """Where Triton is not installed (macOS, Windows), flash_decode raises TritonMissing, offering Colab."""
     import os

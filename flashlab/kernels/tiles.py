@@ -281,6 +281,37 @@ def run(step, kern, args, consts: dict, grid_of, runners: dict | None = None, ke
                        + "\n".join(errors))
 
 
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def launch_cached(kern, grid, args, consts: dict, runners: dict | None, key):
+    """``kern[grid](*args, **consts)`` for a kernel launched outside a plan (split-KV decoding, its merge);
+    after the first launch of a specialisation (``runners[key]``: the caller's key must hold everything Triton
+    specialises on, i.e. the integer arguments' values or strides and the tensors' 16-byte alignment)
+    through the compiled kernel's runner, as :func:`run` does.  ``consts``: the constexprs and launch options."""
+    if runners is not None:
+        r = runners.get(key)
+        if r is not None:
+            try:
+                r(args)
+                STATS["fast"] += 1
+                return
+            except TypeError:      # pragma: no cover - this Triton's runner takes other arguments
+                runners.clear()
+                runners[None] = None   # remembered: stay on kern[grid] for this caller
+    compiled = kern[grid](*args, **consts)
+    STATS["jit"] += 1
+    if runners is None or None in runners or compiled is None or not FAST or _raw_stream is None:
+        return
+    full = {n: v for n, v in consts.items() if n not in _LAUNCH_OPTIONS}
+    defaults = _defaults(kern)
+    try:
+        tail = tuple(full[n] if n in full else defaults[n] for n in kern.arg_names[len(args):])
+        runners[key] = _Runner(compiled, grid, tail, torch.cuda.current_device(), None)
+    except Exception:   # pragma: no cover - a Triton whose compiled kernels cannot be called so
+        pass
+
+
 def _launch(kern, args, consts, cfg, grid_of, runners, key):
     grid = grid_of(cfg)
     a = args(cfg) if callable(args) else args
