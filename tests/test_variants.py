@@ -9,13 +9,14 @@ NaN: a visited tile would spread it.  Sizes are small (N <= 96): the interpreter
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import flashlab
 from flashlab import device, variants
 from flashlab.accuracy import judge
-from flashlab.reference import attention_variants_torch, attention_varlen_torch
+from flashlab.reference import attention_variants_torch, attention_varlen_torch, dropout_keep, dropout_rate
 
 DEV = device.DEVICE
 fa = flashlab.flash_attention
@@ -177,8 +178,9 @@ def test_dropout_matches_reference_with_the_kernels_mask(rng):
     o, lse = fa(qq, kk, vv, dropout_p=p, seed=seed, enable_gqa=True, return_lse=True, **kw)
     do = torch.randn_like(o)
     o.backward(do)
-    ref = _ref(q, k, v, torch.float64, do, dropout_mask=keep, dropout_p=p, **kw)
-    same = _ref(q, k, v, torch.float32, do, dropout_mask=keep, dropout_p=p, **kw)
+    rate = dropout_rate(p)                                    # p in 1/256ths: 77/256 here
+    ref = _ref(q, k, v, torch.float64, do, dropout_mask=keep, dropout_p=rate, **kw)
+    same = _ref(q, k, v, torch.float32, do, dropout_mask=keep, dropout_p=rate, **kw)
     _judge_all((o, lse, qq.grad, kk.grad, vv.grad), same, ref, torch.float32, "dropout")
 
 
@@ -203,6 +205,18 @@ def test_dropout_mask_keying_and_rate():
     assert not torch.equal(big[0, 0], big[0, 1]) and not torch.equal(big[0, 0], big[1, 0])
     n = big.numel()
     assert abs(big.float().mean().item() - (1 - p)) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_dropout_mask_is_the_numpy_reference_bit_for_bit():
+    """The kernels' bits are flashlab.reference.dropout_keep's (Philox in NumPy, one byte a score), for a seed of
+    32 and one of 64 bits; p is applied in 1/256ths."""
+    for p, seed in ((0.1, 7), (0.5, 2**40 + 3)):
+        m = variants.dropout_mask(2, 2, 33, 50, p, seed, device=DEV).cpu().numpy()
+        for b in range(2):
+            for h in range(2):
+                assert (m[b, h] == dropout_keep(seed, b * 2 + h, np.arange(33), np.arange(50), p)).all()
+    assert dropout_rate(0.1) == 26 / 256 and dropout_rate(0.001) == 1 / 256 and dropout_rate(0.0) == 0.0
+    assert dropout_rate(0.9999) == 255 / 256
 
 
 def test_dropout_scaling_keeps_the_mean():
@@ -263,7 +277,7 @@ def test_varlen_matches_float64(rng, label, kw):
     if "dropout_p" in kw:
         m = variants.dropout_mask(len(lens_q), H, 40, 40, kw["dropout_p"], kw["seed"], device=DEV)
         ref_kw["dropout_mask"] = [m[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lens_q, lens_k))]
-        ref_kw["dropout_p"] = kw["dropout_p"]
+        ref_kw["dropout_p"] = dropout_rate(kw["dropout_p"])
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     o, lse = flashlab.flash_attention_varlen(qq, kk, vv, cq, ck, 40, 40, enable_gqa=True, return_lse=True, **kw)
     assert o.shape == q.shape and lse.shape == (H, q.shape[0])

@@ -66,9 +66,9 @@ def _lse2(lse):
 def _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
                    stride_qm, stride_dom, stride_lm, stride_dlm,
                    offs_n, offs_m, Nq, Nk, sm_scale, softcap, left, right, slope,
-                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
+                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, col0, lo, hi,
                    MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
-                   ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         row0 = tl.cast(start_m, tl.int64)
@@ -90,7 +90,7 @@ def _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, del
         p_t = tl.math.exp2(x_t - lse2[None, :])                                     # P^T
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dO V^T)^T
         if DROPOUT:
-            keep = dropout_keep(seed, bh, rows[None, :], offs_n[:, None], p_drop)
+            keep = tl.trans(dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_M, BLOCK_N))   # Z^T (BLOCK_N, BLOCK_M)
             inv = 1.0 / (1.0 - p_drop)
             dv = tl.dot(tl.where(keep, p_t * inv, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
             dp_t = tl.where(keep, dp_t * inv, 0.0)
@@ -166,18 +166,18 @@ def flash_bwd_dkdv_kernel_v5(
         dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
                                 stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
                                 sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
-                                seed, bh, p_drop, lo, full_lo,
-                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
+                                seed, bh, p_drop, start_n * BLOCK_N, lo, full_lo,
+                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
         dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
                                 stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
                                 sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
-                                seed, bh, p_drop, full_lo, full_hi,
-                                False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
+                                seed, bh, p_drop, start_n * BLOCK_N, full_lo, full_hi,
+                                False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
         dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
                                 stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
                                 sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
-                                seed, bh, p_drop, full_hi, hi,
-                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
+                                seed, bh, p_drop, start_n * BLOCK_N, full_hi, hi,
+                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
     dk = dk * sm_scale
     dk_base = head_base(DK, off_b, off_hk, stride_dkb, stride_dkh) + tl.cast(k_start, tl.int64) * stride_dkn
     dv_base = head_base(DV, off_b, off_hk, stride_dvb, stride_dvh) + tl.cast(k_start, tl.int64) * stride_dvn
@@ -192,7 +192,8 @@ def _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_
                  offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                  mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
                  MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
-                 ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         row0 = tl.cast(start_n, tl.int64)
         cols = start_n + offs_n
@@ -208,7 +209,7 @@ def _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_
         p = tl.math.exp2(x - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if DROPOUT:
-            keep = dropout_keep(seed, bh, offs_m[:, None], cols[None, :], p_drop)
+            keep = dropout_keep(seed, bh, offs_m, start_n, p_drop, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * (1.0 / (1.0 - p_drop)), 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
@@ -280,15 +281,15 @@ def flash_bwd_dq_kernel_v5(
     dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
                       Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
                       seed, bh, p_drop, lo, full_lo,
-                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
     dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
                       Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
                       seed, bh, p_drop, full_lo, full_hi,
-                      False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+                      False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
     dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
                       Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
                       seed, bh, p_drop, full_hi, hi,
-                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
     dq = dq * sm_scale
     dq_base = head_base(DQ, off_b, off_h, stride_dqb, stride_dqh) + tl.cast(q_start, tl.int64) * stride_dqm
     tl.store(tile_ptrs(dq_base, start_m * BLOCK_M, offs_r, offs_d, stride_dqm, stride_dqd),

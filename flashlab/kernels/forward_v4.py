@@ -23,8 +23,11 @@ interpreter, on a T4, an L4 and an H200).  The online softmax is v2's; what chan
    boundaries therefore cost nothing: no tile ever spans two documents.
 6. **Dropout.**  P is dropped after the row sum (the softmax is that of the undropped scores)
    with Philox keyed on (seed, batch * H + head, row, column): ``dropout_keep`` is the one place
-   the bits are drawn; backward v5 calls it again instead of storing a mask.  Kept values are
-   scaled by 1 / (1 - p) once, on the final O.
+   the bits are drawn; backward v5 calls it again instead of storing a mask.  One Philox call
+   (four 32-bit words) serves 16 scores of a row, one byte each, compared with 256 p: p is applied
+   in 1/256ths (``flashlab.reference.dropout_rate``), and kept values are scaled by
+   1 / (1 - that rate) once, on the final O.  ``flashlab.reference.dropout_keep`` is the same
+   bits in NumPy.
 
 Launch: ``launch`` at the end of the file runs the launch plan's step (grid (cdiv(Nq, BLOCK_M) * B * H,));
 :func:`flashlab.kernels.launch_forward` with a ``variant`` reaches it.
@@ -34,6 +37,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..reference import dropout_rate
 from . import tiles
 from .common import LN2_K, LOG2E_K, head_base, program_tile, tile_ptrs
 from .tiles import C
@@ -48,13 +52,27 @@ def _tanh(x):
 
 
 @triton.jit
-def dropout_keep(seed, bh, rows, cols, p_drop):
-    """True where score (rows, cols) of (batch * H + head) ``bh`` is kept; any broadcastable rows/cols."""
-    c0 = (cols + rows * 0).to(tl.uint32)
-    c1 = (rows + cols * 0).to(tl.uint32)
+def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Keep mask (BLOCK_R, BLOCK_C) of the scores (rows, col0 + 0 ... BLOCK_C - 1) of (batch * H + head) ``bh``.
+
+    One Philox call per 16 scores of a row (four 32-bit words, one byte a score): counter
+    (column // 16, row, bh, 0), key the seed; column j takes byte j % 4 of word (j // 4) % 4 and is
+    kept when the byte is >= 256 p (p_drop is a whole number of 1/256ths, see
+    ``flashlab.reference.dropout_threshold``; ``flashlab.reference.dropout_keep`` is this in NumPy).
+    ``col0``: a multiple of 16 (a tile's first column); BLOCK_C a multiple of 16.
+    """
+    G: tl.constexpr = BLOCK_C // 16
+    grp = col0 // 16 + tl.arange(0, G)
+    c0 = (grp[None, :] + rows[:, None] * 0).to(tl.uint32)              # (BLOCK_R, G): one counter a group
+    c1 = (rows[:, None] + grp[None, :] * 0).to(tl.uint32)
     c2 = (c0 * 0 + bh).to(tl.uint32)
-    r, _, _, _ = tl.philox(seed, c0, c1, c2, c2 * 0)
-    return tl.uint_to_uniform_float(r) >= p_drop
+    w0, w1, w2, w3 = tl.philox(seed, c0, c1, c2, c2 * 0)
+    slot = tl.arange(0, 16)[None, None, :]                             # column j = 16 g + slot
+    word = tl.where(slot < 8, tl.where(slot < 4, w0[:, :, None], w1[:, :, None]),
+                    tl.where(slot < 12, w2[:, :, None], w3[:, :, None]))
+    byte = ((word >> ((slot % 4) * 8).to(tl.uint32)) & 0xFF).to(tl.int32)
+    threshold = tl.cast(p_drop * 256.0 + 0.5, tl.int32)
+    return tl.reshape(byte, (BLOCK_R, BLOCK_C)) >= threshold
 
 
 @triton.jit
@@ -126,7 +144,8 @@ def _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, s
                   offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
                   MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
-                  ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
     """Stream K/V tiles lo, lo + BLOCK_N, ... < hi (v2's loop; the scores through variant_scores)."""
     for start_n in range(lo, hi, BLOCK_N):
         row0 = tl.cast(start_n, tl.int64)
@@ -147,7 +166,7 @@ def _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, s
         l_i = l_i * alpha + tl.sum(p, 1)                                # the softmax of the undropped scores
         acc = acc * alpha[:, None]
         if DROPOUT:
-            p = tl.where(dropout_keep(seed, bh, offs_m[:, None], cols[None, :], p_drop), p, 0.0)
+            p = tl.where(dropout_keep(seed, bh, offs_m, start_n, p_drop, BLOCK_M, BLOCK_N), p, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -211,15 +230,15 @@ def flash_fwd_kernel_v4(
     acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, full_lo,
-                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
     acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, full_lo, full_hi,
-                                  False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+                                  False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
     acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, full_hi, hi,
-                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
 
     seen = l_i > 0.0
     out_scale = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)   # a row that saw no key: O = 0
@@ -242,7 +261,7 @@ def dropout_mask_kernel(OUT, stride_b, stride_h, stride_m, H, Nq, Nk, p_drop, se
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     for start_n in range(0, Nk, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        keep = dropout_keep(seed, off_b * H + off_h, rows[:, None], cols[None, :], p_drop)
+        keep = dropout_keep(seed, off_b * H + off_h, rows, start_n, p_drop, BLOCK_M, BLOCK_N)
         ptrs = head_base(OUT, off_b, off_h, stride_b, stride_h) + rows[:, None] * stride_m + cols[None, :]
         tl.store(ptrs, keep.to(tl.int8), mask=(rows[:, None] < Nq) & (cols[None, :] < Nk))
 
@@ -294,7 +313,7 @@ def variant_arguments(plan, q, lse, mask=None, slopes=None, cu_q=None, cu_k=None
     sptr, sstr = (q, (0, 0)) if slopes is None else (slopes, tuple(slopes.stride()))
     dummy = cu_q if varlen else lse
     ptrs = (mptr, sptr, cu_q if varlen else dummy, cu_k if varlen else dummy)
-    scalars = (plan.H, var.kv_groups, plan.Nq, plan.Nk, float(softcap or 1.0), left, right, float(dropout_p),
+    scalars = (plan.H, var.kv_groups, plan.Nq, plan.Nk, float(softcap or 1.0), left, right, dropout_rate(dropout_p),
                int(seed))
     consts = dict(BAND=band is not None, MASK_KIND=kind, SOFTCAP=softcap is not None, ALIBI=slopes is not None,
                   DROPOUT=dropout_p > 0, VARLEN=varlen, HEAD_DIM=plan.D, DOT_PRECISION=plan.dot_precision)
@@ -329,5 +348,5 @@ def dropout_mask(B: int, H: int, Nq: int, Nk: int, p: float, seed: int, device=N
     import torch
     out = torch.empty((B, H, Nq, Nk), dtype=torch.int8, device=device)
     dropout_mask_kernel[(triton.cdiv(Nq, 32) * B * H,)](out, out.stride(0), out.stride(1), out.stride(2),
-                                                        H, Nq, Nk, float(p), int(seed), BLOCK_M=32, BLOCK_N=32)
+                                                        H, Nq, Nk, dropout_rate(p), int(seed), BLOCK_M=32, BLOCK_N=32)
     return out.bool()
