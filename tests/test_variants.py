@@ -15,6 +15,7 @@ import torch
 
 import flashlab
 from flashlab import device, variants
+from flashlab.kernels import forward_v4
 from flashlab.accuracy import judge
 from flashlab.reference import attention_variants_torch, attention_varlen_torch, dropout_keep, dropout_rate
 
@@ -293,6 +294,23 @@ def test_varlen_matches_float64(rng, label, kw):
         ro.backward(do.to(dt))
         res.append((ro.detach(), rl.detach(), a.grad, b.grad, c.grad))
     _judge_all((o, lse, qq.grad, kk.grad, vv.grad), res[1], res[0], torch.float32, label)
+
+
+DESCRIPTOR_CASES = [c for c in CASES if c[0] in ("mqa causal fp16", "window+causal D=24 fp16", "everything bf16")]
+
+
+@pytest.mark.parametrize("case", DESCRIPTOR_CASES, ids=[c[0] for c in DESCRIPTOR_CASES])
+def test_descriptor_path_matches_float64(rng, case, monkeypatch):
+    """The Hopper path (the streamed K/V, Q/dO tiles through tensor descriptors, zero past the end), run in the
+    interpreter: GQA/MQA, ragged lengths, a window, soft-cap, ALiBi and a mask."""
+    monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
+    test_variant_matches_float64(rng, case)
+
+
+def test_descriptor_path_varlen_with_dropout(rng, monkeypatch):
+    """The descriptor path over packed sequences (an empty one included), causal, with dropout."""
+    monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
+    test_varlen_matches_float64(rng, *VARLEN[2])
 
 
 def test_varlen_matches_padded_dense(rng):

@@ -28,6 +28,12 @@ interpreter, on a T4, an L4 and an H200).  The online softmax is v2's; what chan
    in 1/256ths (``flashlab.reference.dropout_rate``), and kept values are scaled by
    1 / (1 - that rate) once, on the final O.  ``flashlab.reference.dropout_keep`` is the same
    bits in NumPy.
+7. **Tensor descriptors on Hopper** (``TMA``, forward v3's loads): where K and V have a unit last
+   stride and 16-byte aligned strides (``use_descriptors``), each program describes its (sequence,
+   K/V head) K and V as (rows, HEAD_DIM) matrices and the loop loads whole tiles by their first row
+   (zeros past the end, so no load mask; the scores of edge tiles are still masked).  Q (once per
+   program), the masks and O stay on pointers.  Elsewhere, and in the interpreter unless a test asks,
+   v2's pointer loads run.
 
 Launch: ``launch`` at the end of the file runs the launch plan's step (grid (cdiv(Nq, BLOCK_M) * B * H,));
 :func:`flashlab.kernels.launch_forward` with a ``variant`` reaches it.
@@ -70,9 +76,9 @@ def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: t
     slot = tl.arange(0, 16)[None, None, :]                             # column j = 16 g + slot
     word = tl.where(slot < 8, tl.where(slot < 4, w0[:, :, None], w1[:, :, None]),
                     tl.where(slot < 12, w2[:, :, None], w3[:, :, None]))
-    byte = ((word >> ((slot % 4) * 8).to(tl.uint32)) & 0xFF).to(tl.int32)
+    byte = ((word >> ((slot % 4) * 8).to(tl.uint32)) & 0xFF).to(tl.uint8)   # 8-bit: a small layout change
     threshold = tl.cast(p_drop * 256.0 + 0.5, tl.int32)
-    return tl.reshape(byte, (BLOCK_R, BLOCK_C)) >= threshold
+    return tl.reshape(byte, (BLOCK_R, BLOCK_C)).to(tl.int32) >= threshold
 
 
 @triton.jit
@@ -145,12 +151,16 @@ def _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, s
                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
                   MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
                   ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
-    """Stream K/V tiles lo, lo + BLOCK_N, ... < hi (v2's loop; the scores through variant_scores)."""
+                  DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """Stream K/V tiles lo, lo + BLOCK_N, ... < hi (v2's loop; the scores through variant_scores).
+    TMA: k_base, v_base are tensor descriptors (rows past Nk load as zeros)."""
     for start_n in range(lo, hi, BLOCK_N):
         row0 = tl.cast(start_n, tl.int64)
         cols = start_n + offs_n
-        if MASKED:
+        if TMA:
+            k = k_base.load([start_n, 0])
+            v = v_base.load([start_n, 0])
+        elif MASKED:
             k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)
             v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)
         else:
@@ -186,9 +196,12 @@ def flash_fwd_kernel_v4(
     BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """v2's contract plus the variants.  Nq, Nk: the lengths (VARLEN: the longest sequence's).
-    left, right: the band (numbers past any length when unbounded).  GROUP = H // H_kv."""
+    left, right: the band (numbers past any length when unbounded).  GROUP = H // H_kv.
+    TMA: the K/V tiles through tensor descriptors made here (forward v3's loads; last strides 1, 16-byte
+    aligned; the launcher checks)."""
     n_tiles = tl.cdiv(Nq, BLOCK_M)
     start_m, off_b, off_h = program_tile(n_tiles, H)
     if BAND:
@@ -213,8 +226,17 @@ def flash_fwd_kernel_v4(
     k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
     v_offs = offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
     row_ok = offs_m < Nq
+    active = start_m * BLOCK_M < Nq                                     # varlen: past a short sequence's end
     q = tl.load(tile_ptrs(q_base, start_m * BLOCK_M, offs_r, offs_d, stride_qm, stride_qd),
-                mask=row_ok[:, None], other=0.0)
+                mask=row_ok[:, None], other=0.0)                       # once per program: pointers will do
+    if TMA:   # the K/V tiles of the loop through descriptors of this (sequence, head); >= 1 row (0 keys: no load)
+        k_src = tl.make_tensor_descriptor(k_base, shape=[tl.maximum(Nk, 1), HEAD_DIM], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(v_base, shape=[tl.maximum(Nk, 1), HEAD_DIM], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+    else:
+        k_src = k_base
+        v_src = v_base
     mask_base = head_base(MASK, off_b, off_h, stride_mb, stride_mh)
     slope = 0.0
     if ALIBI:
@@ -225,20 +247,19 @@ def flash_fwd_kernel_v4(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
-    lo, full_lo, full_hi, hi = band_tiles(start_m * BLOCK_M, BLOCK_M, BLOCK_N, Nk, left, right,
-                                          start_m * BLOCK_M < Nq)
-    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+    lo, full_lo, full_hi, hi = band_tiles(start_m * BLOCK_M, BLOCK_M, BLOCK_N, Nk, left, right, active)
+    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, full_lo,
-                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
-    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA)
+    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, full_lo, full_hi,
-                                  False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
-    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn,
+                                  False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA)
+    acc, l_i, m_i = _fwd_inner_v4(acc, l_i, m_i, q, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn,
                                   offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, full_hi, hi,
-                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION)
+                                  True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA)
 
     seen = l_i > 0.0
     out_scale = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)   # a row that saw no key: O = 0
@@ -320,6 +341,18 @@ def variant_arguments(plan, q, lse, mask=None, slopes=None, cu_q=None, cu_k=None
     return ptrs, (*mstr, *sstr), scalars, consts
 
 
+DESCRIPTORS_IN_INTERPRETER = False   # tests set it to run the descriptor path in the interpreter
+
+
+def use_descriptors(plan, *tensors) -> bool:
+    """Whether forward v4 (and backward v5) load their streamed tiles through tensor descriptors: on Hopper (TMA),
+    when every tensor has a unit last stride and 16-byte aligned base and strides (packed tensors too: a
+    sequence's rows start at a multiple of the row stride).  Elsewhere the pointer loads (v2's) run."""
+    from .plan import tma_ok
+    on = DESCRIPTORS_IN_INTERPRETER if plan.facts.interpret else plan.facts.hopper
+    return bool(on) and tma_ok(*tensors)
+
+
 def launch(plan, q, k, v, o, lse, scale: float, runners=None, *, mask=None, slopes=None, cu_q=None, cu_k=None,
            softcap=None, dropout_p: float = 0.0, seed: int = 0):
     """Run the plan's forward step: O and the natural-log LSE (-inf for a row that sees no key).
@@ -339,6 +372,9 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None, *, mask=None, slop
             *dense_strides(q, varlen), *dense_strides(k, varlen), *dense_strides(v, varlen),
             *dense_strides(o, varlen), *lse_strides, *strides,
             H, group, Nq, Nk, float(scale), cap, left, right, p_drop, seed_)
+    consts["TMA"] = use_descriptors(plan, k, v)
+    if consts["TMA"]:
+        tiles.ensure_allocator()
     step = plan.forward[0]
     tiles.run(step, flash_fwd_kernel_v4, args, consts, step.grid_for, runners, "fwd")
 
