@@ -292,19 +292,23 @@ def dropout_mask_kernel(OUT, stride_b, stride_h, stride_m, H, Nq, Nk, p_drop, se
 SUPPORTS = frozenset({"gqa", "window", "softcap", "alibi", "mask", "dropout", "varlen"})
 
 
-def forward_v4_configs(head_dim: int, dtype) -> list:
-    """Hand-picked configs, best first (forward v2's hand-picked list; v4 does not autotune)."""
+def forward_v4_configs(head_dim: int, dtype, cc=None) -> list:
+    """Hand-picked configs, best first (v4 does not autotune).  Forward v2's hand-picked list; on Hopper at
+    D = 128 first the tiles autotuning picked for forward v3 (descriptor loads) at long sequences, 128 x 128
+    with 8 warps and 3 stages (docs/BENCHMARKS.md, 2026-11-30: 507-526 TFLOP/s causal at N = 16384, against
+    474-510 for the 128 x 64 configs; at N = 4096 within 1 % of the best)."""
     import torch
     if dtype == torch.float32 or head_dim > 128:
         return [C(64, 32, 4, 2), C(32, 32, 4, 2), C(32, 16, 4, 1), C(16, 16, 4, 1)]
     if head_dim <= 64:
         return [C(128, 64, 4, 3), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
-    return [C(128, 64, 8, 3), C(128, 64, 8, 2), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
+    hopper = [C(128, 128, 8, 3)] if cc is not None and tuple(cc) >= (9, 0) else []
+    return hopper + [C(128, 64, 8, 3), C(128, 64, 8, 2), C(64, 64, 4, 2), C(64, 32, 4, 2), C(32, 32, 4, 1)]
 
 
 def config_lists(head_dim, dtype, limit, cc) -> dict:
     """{"fwd": (the hand-picked configs that fit ``limit``, no autotuning candidates)}."""
-    return {"fwd": (tiles.fitting(forward_v4_configs(head_dim, dtype), "fwd", head_dim, dtype, limit, cc), [])}
+    return {"fwd": (tiles.fitting(forward_v4_configs(head_dim, dtype, cc), "fwd", head_dim, dtype, limit, cc), [])}
 
 
 def dense_strides(t, varlen: bool):
