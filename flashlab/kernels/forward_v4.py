@@ -53,8 +53,9 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
 @triton.jit
 def _tanh(x):
-    """tanh from exp2, stable at both ends (the interpreter and old Triton lack tl.math.tanh)."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E_K)) + 1.0)
+    """tanh from exp2, stable at both ends (the interpreter and old Triton lack tl.math.tanh).  The division is
+    the approximate one (2 ulp, a reciprocal and a multiply), not IEEE's Newton steps and special cases."""
+    return 1.0 - tl.fdiv(tl.full(x.shape, 2.0, tl.float32), tl.math.exp2(x * (2.0 * LOG2E_K)) + 1.0)
 
 
 @triton.jit
@@ -96,7 +97,7 @@ def variant_scores(s, rows, cols, Nq, Nk, sm_scale, softcap, left, right, slope,
         x = s * sm_scale
         t = x
         if SOFTCAP:
-            t = _tanh(x / softcap)
+            t = _tanh(x * (1.0 / softcap))                          # one multiply a score, not a division
             x = softcap * t
         if ALIBI:
             x = x - slope * tl.abs(rows - cols).to(tl.float32)
