@@ -421,6 +421,9 @@ def main():
         print("(a) correctness against float64", flush=True)
         fails = check_variants()
         print(f"  ({time.time() - t0:.0f} s)", flush=True)
+        from flashlab.kernels import forward_v4
+        for err in forward_v4.DESCRIPTOR_ERRORS:   # then (a) checked the pointer loads
+            print(f"  DESCRIPTOR PATH FAILED TO COMPILE (pointer loads run instead): {err}", flush=True)
         if fails:
             print(f"\nMISMATCH: {', '.join(fails)}: stopping before any timing", flush=True)
             sys.exit(1)
@@ -445,6 +448,9 @@ def main():
             desc = "yes" if p.facts.hopper and p.layout.tma else "no"
             print(f"  B={p.B} H={p.H} N={p.Nq} {', '.join(p.variant.describe(p.causal)) or 'no feature'}: {steps}; "
                   f"descriptor loads {desc}")
+    from flashlab.kernels import forward_v4
+    for err in forward_v4.DESCRIPTOR_ERRORS:
+        print(f"  DESCRIPTOR PATH FAILED TO COMPILE (pointer loads ran instead): {err}")
     tg = targets(rows)
     print_targets(tg)
     if a.json:

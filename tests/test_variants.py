@@ -305,12 +305,37 @@ def test_descriptor_path_matches_float64(rng, case, monkeypatch):
     interpreter: GQA/MQA, ragged lengths, a window, soft-cap, ALiBi and a mask."""
     monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
     test_variant_matches_float64(rng, case)
+    assert not forward_v4.DESCRIPTOR_ERRORS
 
 
 def test_descriptor_path_varlen_with_dropout(rng, monkeypatch):
     """The descriptor path over packed sequences (an empty one included), causal, with dropout."""
     monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
     test_varlen_matches_float64(rng, *VARLEN[2])
+
+
+def test_descriptor_compile_failure_falls_back_to_pointers_once(monkeypatch):
+    """On a GPU whose Triton cannot compile the descriptor path: one warning, the pointer loads run, then always."""
+    from flashlab.kernels import tiles
+    calls = []
+
+    def fake_run(step, kern, args, consts, grid_of, runners, key):
+        calls.append(consts["TMA"])
+        if consts["TMA"]:
+            raise RuntimeError("PassManager::run failed")
+    monkeypatch.setattr(tiles, "run", fake_run)
+    monkeypatch.setattr(device, "INTERPRET", False)
+    monkeypatch.setattr(forward_v4, "DESCRIPTOR_ERRORS", [])
+    step = type("S", (), {"grid_for": None})()
+    kern = type("K", (), {"fn": forward_v4.flash_fwd_kernel_v4.fn})()
+    with pytest.warns(RuntimeWarning, match="pointer loads run instead"):
+        forward_v4.run_step(step, kern, (), {"TMA": True}, None, "fwd")
+    assert calls == [True, False] and "PassManager" in forward_v4.DESCRIPTOR_ERRORS[0]
+    plan = type("P", (), {"facts": type("F", (), {"interpret": False, "hopper": True})()})()
+    assert not forward_v4.use_descriptors(plan, torch.zeros(4, 16))          # from then on: pointers
+    monkeypatch.setattr(device, "INTERPRET", True)
+    with pytest.raises(RuntimeError):                                          # the interpreter: raised
+        forward_v4.run_step(step, kern, (), {"TMA": True}, None, "fwd")
 
 
 def test_varlen_matches_padded_dense(rng):

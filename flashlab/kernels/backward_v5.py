@@ -34,7 +34,8 @@ import triton.language as tl
 
 from . import tiles
 from .common import LOG2E_K, head_base, program_tile, tile_ptrs
-from .forward_v4 import band_tiles, dense_strides, dropout_keep, use_descriptors, variant_arguments, variant_scores
+from .forward_v4 import (band_tiles, dense_strides, dropout_keep, run_step, use_descriptors, variant_arguments,
+                         variant_scores)
 from .tiles import C
 
 
@@ -390,9 +391,9 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, *,
     common = (*dense_strides(q, varlen), *dense_strides(k, varlen), *dense_strides(v, varlen),
               *dense_strides(do, varlen))
     tail = (*lse_strides, *d_strides, *strides, H, group, Nq, Nk, float(scale), cap, left, right, p_drop, seed_)
-    tiles.run(s_kv, flash_bwd_dkdv_kernel_v5,
-              (q, k, v, do, lse, delta, dk, dv, *ptrs, *common, *dense_strides(dk, varlen),
-               *dense_strides(dv, varlen), *tail), consts, s_kv.grid_for, runners, "dkdv")
-    tiles.run(s_q, flash_bwd_dq_kernel_v5,
-              (q, k, v, do, lse, delta, dq, *ptrs, *common, *dense_strides(dq, varlen), *tail),
-              consts, s_q.grid_for, runners, "dq")
+    run_step(s_kv, flash_bwd_dkdv_kernel_v5,
+             (q, k, v, do, lse, delta, dk, dv, *ptrs, *common, *dense_strides(dk, varlen),
+              *dense_strides(dv, varlen), *tail), consts, runners, "dkdv")
+    run_step(s_q, flash_bwd_dq_kernel_v5,
+             (q, k, v, do, lse, delta, dq, *ptrs, *common, *dense_strides(dq, varlen), *tail),
+             consts, runners, "dq")

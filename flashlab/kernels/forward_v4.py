@@ -347,6 +347,7 @@ def variant_arguments(plan, q, lse, mask=None, slopes=None, cu_q=None, cu_k=None
 
 
 DESCRIPTORS_IN_INTERPRETER = False   # tests set it to run the descriptor path in the interpreter
+DESCRIPTOR_ERRORS: list = []         # the descriptor path failed to compile here: said once, then pointers run
 
 
 def use_descriptors(plan, *tensors) -> bool:
@@ -355,7 +356,23 @@ def use_descriptors(plan, *tensors) -> bool:
     sequence's rows start at a multiple of the row stride).  Elsewhere the pointer loads (v2's) run."""
     from .plan import tma_ok
     on = DESCRIPTORS_IN_INTERPRETER if plan.facts.interpret else plan.facts.hopper
-    return bool(on) and tma_ok(*tensors)
+    return bool(on) and not DESCRIPTOR_ERRORS and tma_ok(*tensors)
+
+
+def run_step(step, kern, args, consts, runners, key):
+    """tiles.run the step; should the descriptor path fail to compile with this Triton, say so (a warning, and
+    DESCRIPTOR_ERRORS) and run the pointer loads, here and from then on.  Any other failure is raised."""
+    try:
+        return tiles.run(step, kern, args, consts, step.grid_for, runners, key)
+    except Exception as e:   # noqa: BLE001 - compile errors come as several types; the retry re-raises the rest
+        from .. import device
+        if not consts.get("TMA") or device.INTERPRET:    # the interpreter: the tests want to see it fail
+            raise
+        import warnings
+        DESCRIPTOR_ERRORS.append(f"{kern.fn.__name__}: {type(e).__name__}: {str(e)[:400]}")
+        warnings.warn(f"flashlab: the descriptor loads of {kern.fn.__name__} did not compile here; pointer loads "
+                      f"run instead ({type(e).__name__}: {str(e)[:200]})", RuntimeWarning, stacklevel=2)
+        return tiles.run(step, kern, args, dict(consts, TMA=False), step.grid_for, runners, key)
 
 
 def launch(plan, q, k, v, o, lse, scale: float, runners=None, *, mask=None, slopes=None, cu_q=None, cu_k=None,
@@ -380,8 +397,7 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None, *, mask=None, slop
     consts["TMA"] = use_descriptors(plan, k, v)
     if consts["TMA"]:
         tiles.ensure_allocator()
-    step = plan.forward[0]
-    tiles.run(step, flash_fwd_kernel_v4, args, consts, step.grid_for, runners, "fwd")
+    run_step(plan.forward[0], flash_fwd_kernel_v4, args, consts, runners, "fwd")
 
 
 def dropout_mask(B: int, H: int, Nq: int, Nk: int, p: float, seed: int, device=None):
