@@ -269,8 +269,9 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
             (compiled Triton) or on the CPU (Triton interpreter).  Any strides.
         attn_mask: bool (True = attend, SDPA's meaning) or float (added to the scaled scores),
             broadcastable to (B, H, Nq, Nk); read tile by tile, never copied; no gradient.
-        dropout_p: probability of dropping an attention weight (Philox in the kernel; the
-            backward regenerates the mask; kept weights scaled by 1 / (1 - p)).
+        dropout_p: probability of dropping an attention weight (Philox in the kernel, one random
+            byte per weight, so p is applied rounded to 1/256ths: ``flashlab.reference.dropout_rate``;
+            the backward regenerates the mask; kept weights scaled by 1 / (1 - that rate)).
         is_causal: top-left causal mask, query i sees keys j <= i.  ``causal=`` is an alias.
         scale: softmax scale, default 1/sqrt(D).
         enable_gqa: allow H_kv < H (grouped-query / multi-query), H % H_kv == 0.

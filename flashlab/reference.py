@@ -30,6 +30,7 @@ __all__ = [
     "causal_mask", "attention_naive", "attention_naive_torch",
     "online_softmax_update", "online_softmax", "merge_states",
     "attention_fa1", "attention_fa2", "attention_backward", "attention_backward_naive",
+    "philox4x32", "dropout_threshold", "dropout_rate", "dropout_keep",
 ]
 
 
@@ -331,6 +332,60 @@ def variant_scores_torch(q, k, *, scale=None, is_causal: bool = False, window=No
         if right >= 0:
             keep = keep & (j <= i + right)
     return s.masked_fill(~keep, float("-inf"))
+
+
+# ------------------------------------------------------------------ dropout's bits (the kernels' own)
+
+DROPOUT_GROUP = 16   # scores per Philox call: four 32-bit words, one byte per score
+
+
+def dropout_threshold(p: float) -> int:
+    """The byte the kernels compare with: a score is dropped when its random byte is below it.
+
+    round(256 p), at least 1 when p > 0 and at most 255, so the rate that is really applied is a whole number
+    of 1/256ths (:func:`dropout_rate`): p = 0.1 drops 26/256 = 0.1016 of the weights, p = 0.001 drops 1/256.
+    """
+    if p <= 0:
+        return 0
+    return min(255, max(1, int(math.floor(p * 256 + 0.5))))
+
+
+def dropout_rate(p: float) -> float:
+    """The dropout probability the kernels apply for ``dropout_p = p`` (p rounded to 1/256ths); kept weights
+    are scaled by 1 / (1 - dropout_rate(p)), so the expectation of O is the undropped one exactly."""
+    return dropout_threshold(p) / 256.0
+
+
+def philox4x32(seed: int, c0, c1, c2, c3, rounds: int = 10):
+    """Philox-4x32 (Salmon et al., 2011) in NumPy, as Triton's ``tl.philox``: counters (c0, c1, c2, c3) of
+    uint32 (any broadcastable arrays), key = the seed's low and high 32 bits; four uint32 arrays out."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = np.broadcast_arrays(np.asarray(c0).astype(np.uint64) & m32, np.asarray(c1).astype(np.uint64) & m32,
+                                         np.asarray(c2).astype(np.uint64) & m32, np.asarray(c3).astype(np.uint64) & m32)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64((seed >> 32) & 0xFFFFFFFF)
+    a, b = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(rounds):
+        pa, pb = a * c0, b * c2                                  # 32 x 32 -> 64 bits: exact in uint64
+        c0, c1, c2, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, pb & m32, (pa >> np.uint64(32)) ^ c3 ^ k1, pa & m32
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    return c0, c1, c2, c3
+
+
+def dropout_keep(seed: int, bh: int, rows, cols, p: float) -> np.ndarray:
+    """The kernels' dropout mask, bit for bit: bool (len(rows), len(cols)), True = kept.
+
+    Score (row i, column j) of (batch * H + head) ``bh``: Philox with key ``seed`` and counter
+    (j // 16, i, bh, 0) gives four 32-bit words for the 16 columns of that group; column j takes byte
+    j % 4 of word (j // 4) % 4 and is kept when that byte is >= :func:`dropout_threshold` (p).  A pure
+    function of (seed, batch, head, row, column): any tile asks for its own part and gets the same bits.
+    """
+    r = np.asarray(rows, dtype=np.int64).reshape(-1, 1)
+    c = np.asarray(cols, dtype=np.int64).reshape(1, -1)
+    words = philox4x32(seed, c // DROPOUT_GROUP, r, bh, 0)
+    slot = np.broadcast_to(c % DROPOUT_GROUP, words[0].shape)
+    word = np.choose(slot // 4, words)
+    byte = (word >> (np.uint64(8) * (slot % 4).astype(np.uint64))) & np.uint64(0xFF)
+    return byte >= np.uint64(dropout_threshold(p))
 
 
 def attention_variants_torch(q, k, v, *, dropout_mask=None, dropout_p: float = 0.0, **score_kw):

@@ -17,9 +17,11 @@ What the host side does (the kernels are forward v4 and backward v5, one constex
     mask; then the bool mask (True = attend), the band, and causal hide scores;
   * ``attn_mask`` broadcastable to (B, H, Nq, Nk), bool or float, read tile by tile through strides
     (0 on broadcast dims): never copied to an N x N buffer; it gets no gradient (an error if it asks);
-  * ``dropout_p``: Philox in the kernels, keyed on (seed, batch, head, row, column); ``seed=None``
+  * ``dropout_p``: Philox in the kernels, keyed on (seed, batch, head, row, column), one byte per score
+    (16 scores a Philox call), so p is applied in 1/256ths (``reference.dropout_rate(p)``, at least 1/256
+    when p > 0; p = 0.1 drops 26/256) and kept values are scaled by 1 / (1 - that rate); ``seed=None``
     draws one from torch's default generator (``torch.manual_seed`` governs it, as in SDPA);
-    the backward regenerates the mask; kept values are scaled by 1 / (1 - p);
+    the backward regenerates the mask;
   * a query row that sees no key gives O = 0, LSE = -inf and zero gradients, never NaN;
   * under ``torch.autocast``, as SDPA: query, key, value are cast to the autocast dtype, and so is O;
   * autograd: an ``autograd.Function`` in eager mode; while compiling, the custom operators

@@ -1,6 +1,15 @@
 """Attention variants on a GPU: flashlab (forward v4 / backward v5) beside FlexAttention and SDPA.
 
-    python scripts/bench_variants.py [--quick] [--json out.json] [--only gqa,window,...]
+    python scripts/bench_variants.py [--quick] [--json out.json] [--only gqa,window,...] [--no-check]
+
+Three stages, in order:
+  (a) correctness: every variant (K/V heads grouped 4:1 in each) in bf16, GQA and dropout in fp16 too,
+      forward and backward, against float64 at a modest size
+      (accuracy rule of flashlab/accuracy.py: at most twice PyTorch's own same-dtype error plus a floor),
+      the dropout mask against its NumPy copy (flashlab.reference.dropout_keep) bit for bit; any mismatch
+      stops the run (exit status 1) before anything is timed;
+  (b) the timings below, each provider gated on correctness first;
+  (c) the issue's targets (ratio, target, met?), printed last and written into the JSON with the rows.
 
 The issue's shapes (bf16, D = 128):
     gqa      GQA 32 query / 8 K/V heads, causal, B 2, N 8192
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -30,10 +40,111 @@ import torch.nn.functional as F
 sys.path.insert(0, ".")
 import flashlab  # noqa: E402
 from flashlab.reference import attention_variants_torch, attention_varlen_torch  # noqa: E402
+from flashlab.kernels import plan as _plan  # noqa: E402
 
 DT = torch.bfloat16
 D = 128
 
+
+# ----------------------------------------------------------------------------------------- (a) correctness
+
+def _judge_grads(label, ours, dtype, ref_fn, inputs, do):
+    """ours: (o, dq, dk, dv); ref_fn(*inputs) -> o, run in float64 and in ``dtype`` (PyTorch's own error)."""
+    from flashlab.accuracy import judge
+    outs = {}
+    for dt in (torch.float64, dtype):
+        xs = [t.detach().to(dt).requires_grad_() for t in inputs]
+        o = ref_fn(*xs, dt)
+        g = torch.autograd.grad(o, xs, do.to(dt))
+        outs[dt] = (o.detach(),) + tuple(g)
+    checks = [judge(n, a, s, r, dtype) for n, a, s, r in zip(("o", "dq", "dk", "dv"), ours, outs[dtype],
+                                                               outs[torch.float64])]
+    ok = all(c.ok for c in checks) and all(torch.isfinite(a).all().item() for a in ours)
+    print(f"  check {label:44s} {'ok' if ok else 'MISMATCH'}  "
+          + "; ".join(f"{c.name} {c.err:.1e} (bound {c.bound:.1e})" for c in checks), flush=True)
+    return ok
+
+
+def check_variants() -> list:
+    """Stage (a).  Returns the labels that failed.  Lengths are multiples of 16 (as the timed ones, so most
+    compiled kernels are shared) but not of the tiles: ragged last tiles everywhere."""
+    from flashlab import variants
+    from flashlab.reference import dropout_keep, dropout_rate
+    fails = []
+    dev = "cuda" if torch.cuda.is_available() else "cpu"         # cpu: a dry run of this stage in the interpreter
+    gen = torch.Generator(device=dev).manual_seed(0)
+    B, H, Hk, Nq, Nk, d = (2, 8, 2, 1008, 1104, D) if dev == "cuda" else (2, 4, 2, 70, 90, 32)
+
+    def rnd(*shape, dt):
+        return torch.randn(*shape, device=dev, dtype=dt, generator=gen)
+
+    slopes = torch.tensor([2.0 ** (-8 * (i + 1) / H) for i in range(H)], device=dev)
+    pad = (torch.arange(Nk, device=dev)[None, :] < torch.tensor([Nk, 700], device=dev)[:, None])[:, None, None]
+    add = rnd(1, 1, Nq, Nk, dt=torch.float32).clamp(-3, 3)
+    cases = [("gqa 8/2 causal", dict(is_causal=True)),
+             ("gqa window (255, 0) causal", dict(is_causal=True, window=(255, 0))),
+             ("window (100, 50)", dict(window=(100, 50))),
+             ("softcap 30 causal", dict(is_causal=True, softcap=30.0)),
+             ("alibi causal", dict(is_causal=True, alibi_slopes=slopes)),
+             ("bool padding mask (B,1,1,Nk)", dict(attn_mask=pad)),
+             ("additive mask (1,1,Nq,Nk)", dict(attn_mask=add))]
+    for dtype in (torch.bfloat16, torch.float16):      # bf16: every case; fp16: the first case and dropout
+        dn = str(dtype)[6:]
+        q, k, v = rnd(B, H, Nq, d, dt=dtype), rnd(B, Hk, Nk, d, dt=dtype), rnd(B, Hk, Nk, d, dt=dtype)
+        do = rnd(B, H, Nq, d, dt=dtype)
+        for label, kw in (cases if dtype == torch.bfloat16 else cases[:1]):
+            xs = [t.clone().requires_grad_() for t in (q, k, v)]
+            o = flashlab.flash_attention(*xs, enable_gqa=True, **kw)
+            ours = (o.detach(),) + torch.autograd.grad(o, xs, do)
+
+            def ref(a, b, c, dt, kw=kw):
+                kk = dict(kw)
+                if kk.get("attn_mask") is not None and kk["attn_mask"].dtype != torch.bool:
+                    kk["attn_mask"] = kk["attn_mask"].to(dt)
+                if kk.get("alibi_slopes") is not None:
+                    kk["alibi_slopes"] = kk["alibi_slopes"].to(dt)
+                return attention_variants_torch(a, b, c, **kk)[0]
+            if not _judge_grads(f"{label} {dn}", ours, dtype, ref, (q, k, v), do):
+                fails.append(f"{label} {dn}")
+        # dropout: the kernels' mask, written by the debug kernel, is the NumPy copy's; the op matches the
+        # reference run with that mask and the rate really applied (p in 1/256ths)
+        p, seed = 0.1, 2**40 + 17
+        keep = variants.dropout_mask(B, H, Nq, Nk, p, seed, device=dev)
+        same = all((keep[b, h].cpu().numpy() == dropout_keep(seed, b * H + h, range(Nq), range(Nk), p)).all()
+                   for b, h in ((0, 0), (1, H - 1)))
+        print(f"  check dropout mask = reference.dropout_keep (NumPy) {'ok' if same else 'MISMATCH'}", flush=True)
+        if not same:
+            fails.append(f"dropout mask {dn}")
+        kw = dict(is_causal=True, window=(300, 0))
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = flashlab.flash_attention(*xs, enable_gqa=True, dropout_p=p, seed=seed, **kw)
+        ours = (o.detach(),) + torch.autograd.grad(o, xs, do)
+        ref = lambda a, b, c, dt: attention_variants_torch(a, b, c, dropout_mask=keep, dropout_p=dropout_rate(p),
+                                                           **kw)[0]
+        if not _judge_grads(f"dropout 0.1 gqa window causal {dn}", ours, dtype, ref, (q, k, v), do):
+            fails.append(f"dropout {dn}")
+        if dtype != torch.bfloat16:
+            continue
+        # packed documents (one empty), GQA, causal, soft-cap
+        lens = [304, 0, 517, 1, 1104] if dev == "cuda" else [30, 0, 17, 1, 40]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+        T = int(cu[-1])
+        pq, pk, pv, pdo = rnd(T, H, d, dt=dtype), rnd(T, Hk, d, dt=dtype), rnd(T, Hk, d, dt=dtype), \
+            rnd(T, H, d, dt=dtype)
+        kw = dict(is_causal=True, softcap=20.0)
+        xs = [t.clone().requires_grad_() for t in (pq, pk, pv)]
+        o = flashlab.flash_attention_varlen(*xs, cu, cu, max(lens), max(lens), enable_gqa=True, **kw)
+        ours = (o.detach(),) + torch.autograd.grad(o, xs, pdo)
+
+        def vref(a, b, c, dt):
+            r = H // Hk
+            return attention_varlen_torch(a, b.repeat_interleave(r, 1), c.repeat_interleave(r, 1), cu, cu, **kw)[0]
+        if not _judge_grads(f"varlen 5 docs (one empty) gqa softcap {dn}", ours, dtype, vref, (pq, pk, pv), pdo):
+            fails.append(f"varlen {dn}")
+    return fails
+
+
+# ----------------------------------------------------------------------------------------- (b) timings
 
 def _bench(fn):
     from triton.testing import do_bench
@@ -248,6 +359,49 @@ def bench_padding(rows, quick):
     _guarded(rows, "padding", "sdpa-efficient", pairs, B, H, eff, (q, k, v), ref)
 
 
+# ----------------------------------------------------------------------------------------- (c) targets
+
+# (label, variant, flashlab's provider, peer provider, mode, target ratio): flashlab's TFLOP/s over the peer's
+TARGETS = [("GQA fwd >= 0.9x cuDNN", "gqa", "flashlab", "sdpa-cudnn", "fwd", 0.9),
+           ("GQA bwd >= 0.85x cuDNN", "gqa", "flashlab", "sdpa-cudnn", "bwd", 0.85),
+           ("GQA fwd >= 1.3x FlexAttention", "gqa", "flashlab", "flex", "fwd", 1.3),
+           ("GQA bwd >= 1.3x FlexAttention", "gqa", "flashlab", "flex", "bwd", 1.3),
+           ("window 1024 fwd >= 1.5x FlexAttention", "window", "flashlab", "flex", "fwd", 1.5),
+           ("window 1024 bwd >= 1.5x FlexAttention", "window", "flashlab", "flex", "bwd", 1.5),
+           ("packed documents fwd >= 1.3x FlexAttention", "docs", "flashlab varlen", "flex", "fwd", 1.3),
+           ("packed documents bwd >= 1.3x FlexAttention", "docs", "flashlab varlen", "flex", "bwd", 1.3),
+           ("soft-cap fwd >= 1.5x FlexAttention", "softcap", "flashlab", "flex", "fwd", 1.5),
+           ("soft-cap bwd >= 1.5x FlexAttention", "softcap", "flashlab", "flex", "bwd", 1.5),
+           ("bool padding mask fwd >= 1.0x SDPA efficient", "padding", "flashlab", "sdpa-efficient", "fwd", 1.0),
+           ("bool padding mask bwd >= 1.0x SDPA efficient", "padding", "flashlab", "sdpa-efficient", "bwd", 1.0)]
+
+
+def targets(rows) -> list:
+    """The issue's targets against this run's rows: dicts (target, ours, peer, ratio, wanted, met)."""
+    by = {(r["variant"], r.get("provider")): r for r in rows}
+    out = []
+    for label, var, ours, peer, mode, want in TARGETS:
+        a, b = by.get((var, ours), {}), by.get((var, peer), {})
+        x, y = a.get(f"{mode}_tflops", math.nan), b.get(f"{mode}_tflops", math.nan)
+        ratio = x / y if y == y and y else math.nan
+        out.append(dict(target=label, ours=x, peer=y, ratio=ratio, wanted=want, met=bool(ratio >= want)))
+    drop, plain = by.get(("dropout", "flashlab p=0.1"), {}), by.get(("dropout", "flashlab v4/v5, no dropout"), {})
+    t_d = drop.get("fwd_ms", math.nan) + drop.get("bwd_ms", math.nan)
+    t_p = plain.get("fwd_ms", math.nan) + plain.get("bwd_ms", math.nan)
+    ratio = t_p / t_d if t_d == t_d else math.nan
+    out.append(dict(target="dropout p=0.1 fwd+bwd >= 0.75x the call without", ours=t_d, peer=t_p, ratio=ratio,
+                    wanted=0.75, met=bool(ratio >= 0.75)))
+    return out
+
+
+def print_targets(tg) -> None:
+    print("\ntargets (ratio: flashlab's TFLOP/s over the peer's; dropout: time without over time with)")
+    print(f"  {'target':48s} {'ratio':>7s} {'wanted':>7s}  met?")
+    for t in tg:
+        r = "n/a" if t["ratio"] != t["ratio"] else f"{t['ratio']:.2f}"
+        print(f"  {t['target']:48s} {r:>7s} {t['wanted']:>7.2f}  {'yes' if t['met'] else 'NO'}")
+
+
 ALL = {"gqa": bench_gqa, "window": bench_window, "docs": bench_docs, "softcap": bench_softcap,
        "padding": bench_padding, "dropout": bench_dropout}
 
@@ -257,9 +411,23 @@ def main():
     ap.add_argument("--quick", action="store_true", help="smaller shapes")
     ap.add_argument("--json", default=None)
     ap.add_argument("--only", default=",".join(ALL))
+    ap.add_argument("--no-check", action="store_true", help="skip stage (a), the correctness checks")
     a = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton "
-          f"{__import__('triton').__version__}", flush=True)
+          f"{__import__('triton').__version__}  FLASHLAB_AUTOTUNE={os.environ.get('FLASHLAB_AUTOTUNE', '1')}",
+          flush=True)
+    if not a.no_check:
+        t0 = time.time()
+        print("(a) correctness against float64", flush=True)
+        fails = check_variants()
+        print(f"  ({time.time() - t0:.0f} s)", flush=True)
+        from flashlab.kernels import forward_v4
+        for err in forward_v4.DESCRIPTOR_ERRORS:   # then (a) checked the pointer loads
+            print(f"  DESCRIPTOR PATH FAILED TO COMPILE (pointer loads run instead): {err}", flush=True)
+        if fails:
+            print(f"\nMISMATCH: {', '.join(fails)}: stopping before any timing", flush=True)
+            sys.exit(1)
+    print("(b) timings", flush=True)
     rows = []
     for name in a.only.split(","):
         t0 = time.time()
@@ -273,6 +441,21 @@ def main():
             with open(a.json, "w") as f:
                 json.dump(rows, f, indent=1)
         torch.cuda.empty_cache()
+    print("\nwhat ran (the launch plans of the variant calls; descriptors: Hopper and aligned strides)")
+    for p in list(_plan._PLANS.values()):
+        if p.variant.features() or p.fwd_version == "v4":
+            steps = "; ".join(f"{s.kernel} {s.config}" for s in p.forward + p.backward[1:])
+            desc = "yes" if p.facts.hopper and p.layout.tma else "no"
+            print(f"  B={p.B} H={p.H} N={p.Nq} {', '.join(p.variant.describe(p.causal)) or 'no feature'}: {steps}; "
+                  f"descriptor loads {desc}")
+    from flashlab.kernels import forward_v4
+    for err in forward_v4.DESCRIPTOR_ERRORS:
+        print(f"  DESCRIPTOR PATH FAILED TO COMPILE (pointer loads ran instead): {err}")
+    tg = targets(rows)
+    print_targets(tg)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(rows=rows, targets=tg), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,15 @@ NaN: a visited tile would spread it.  Sizes are small (N <= 96): the interpreter
 """
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import flashlab
 from flashlab import device, variants
+from flashlab.kernels import forward_v4
 from flashlab.accuracy import judge
-from flashlab.reference import attention_variants_torch, attention_varlen_torch
+from flashlab.reference import attention_variants_torch, attention_varlen_torch, dropout_keep, dropout_rate
 
 DEV = device.DEVICE
 fa = flashlab.flash_attention
@@ -177,8 +179,9 @@ def test_dropout_matches_reference_with_the_kernels_mask(rng):
     o, lse = fa(qq, kk, vv, dropout_p=p, seed=seed, enable_gqa=True, return_lse=True, **kw)
     do = torch.randn_like(o)
     o.backward(do)
-    ref = _ref(q, k, v, torch.float64, do, dropout_mask=keep, dropout_p=p, **kw)
-    same = _ref(q, k, v, torch.float32, do, dropout_mask=keep, dropout_p=p, **kw)
+    rate = dropout_rate(p)                                    # p in 1/256ths: 77/256 here
+    ref = _ref(q, k, v, torch.float64, do, dropout_mask=keep, dropout_p=rate, **kw)
+    same = _ref(q, k, v, torch.float32, do, dropout_mask=keep, dropout_p=rate, **kw)
     _judge_all((o, lse, qq.grad, kk.grad, vv.grad), same, ref, torch.float32, "dropout")
 
 
@@ -203,6 +206,18 @@ def test_dropout_mask_keying_and_rate():
     assert not torch.equal(big[0, 0], big[0, 1]) and not torch.equal(big[0, 0], big[1, 0])
     n = big.numel()
     assert abs(big.float().mean().item() - (1 - p)) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_dropout_mask_is_the_numpy_reference_bit_for_bit():
+    """The kernels' bits are flashlab.reference.dropout_keep's (Philox in NumPy, one byte a score), for a seed of
+    32 and one of 64 bits; p is applied in 1/256ths."""
+    for p, seed in ((0.1, 7), (0.5, 2**40 + 3)):
+        m = variants.dropout_mask(2, 2, 33, 50, p, seed, device=DEV).cpu().numpy()
+        for b in range(2):
+            for h in range(2):
+                assert (m[b, h] == dropout_keep(seed, b * 2 + h, np.arange(33), np.arange(50), p)).all()
+    assert dropout_rate(0.1) == 26 / 256 and dropout_rate(0.001) == 1 / 256 and dropout_rate(0.0) == 0.0
+    assert dropout_rate(0.9999) == 255 / 256
 
 
 def test_dropout_scaling_keeps_the_mean():
@@ -263,7 +278,7 @@ def test_varlen_matches_float64(rng, label, kw):
     if "dropout_p" in kw:
         m = variants.dropout_mask(len(lens_q), H, 40, 40, kw["dropout_p"], kw["seed"], device=DEV)
         ref_kw["dropout_mask"] = [m[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lens_q, lens_k))]
-        ref_kw["dropout_p"] = kw["dropout_p"]
+        ref_kw["dropout_p"] = dropout_rate(kw["dropout_p"])
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     o, lse = flashlab.flash_attention_varlen(qq, kk, vv, cq, ck, 40, 40, enable_gqa=True, return_lse=True, **kw)
     assert o.shape == q.shape and lse.shape == (H, q.shape[0])
@@ -279,6 +294,48 @@ def test_varlen_matches_float64(rng, label, kw):
         ro.backward(do.to(dt))
         res.append((ro.detach(), rl.detach(), a.grad, b.grad, c.grad))
     _judge_all((o, lse, qq.grad, kk.grad, vv.grad), res[1], res[0], torch.float32, label)
+
+
+DESCRIPTOR_CASES = [c for c in CASES if c[0] in ("mqa causal fp16", "window+causal D=24 fp16", "everything bf16")]
+
+
+@pytest.mark.parametrize("case", DESCRIPTOR_CASES, ids=[c[0] for c in DESCRIPTOR_CASES])
+def test_descriptor_path_matches_float64(rng, case, monkeypatch):
+    """The Hopper path (the streamed K/V, Q/dO tiles through tensor descriptors, zero past the end), run in the
+    interpreter: GQA/MQA, ragged lengths, a window, soft-cap, ALiBi and a mask."""
+    monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
+    test_variant_matches_float64(rng, case)
+    assert not forward_v4.DESCRIPTOR_ERRORS
+
+
+def test_descriptor_path_varlen_with_dropout(rng, monkeypatch):
+    """The descriptor path over packed sequences (an empty one included), causal, with dropout."""
+    monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
+    test_varlen_matches_float64(rng, *VARLEN[2])
+
+
+def test_descriptor_compile_failure_falls_back_to_pointers_once(monkeypatch):
+    """On a GPU whose Triton cannot compile the descriptor path: one warning, the pointer loads run, then always."""
+    from flashlab.kernels import tiles
+    calls = []
+
+    def fake_run(step, kern, args, consts, grid_of, runners, key):
+        calls.append(consts["TMA"])
+        if consts["TMA"]:
+            raise RuntimeError("PassManager::run failed")
+    monkeypatch.setattr(tiles, "run", fake_run)
+    monkeypatch.setattr(device, "INTERPRET", False)
+    monkeypatch.setattr(forward_v4, "DESCRIPTOR_ERRORS", [])
+    step = type("S", (), {"grid_for": None})()
+    kern = type("K", (), {"fn": forward_v4.flash_fwd_kernel_v4.fn})()
+    with pytest.warns(RuntimeWarning, match="pointer loads run instead"):
+        forward_v4.run_step(step, kern, (), {"TMA": True}, None, "fwd")
+    assert calls == [True, False] and "PassManager" in forward_v4.DESCRIPTOR_ERRORS[0]
+    plan = type("P", (), {"facts": type("F", (), {"interpret": False, "hopper": True})()})()
+    assert not forward_v4.use_descriptors(plan, torch.zeros(4, 16))          # from then on: pointers
+    monkeypatch.setattr(device, "INTERPRET", True)
+    with pytest.raises(RuntimeError):                                          # the interpreter: raised
+        forward_v4.run_step(step, kern, (), {"TMA": True}, None, "fwd")
 
 
 def test_varlen_matches_padded_dense(rng):

@@ -422,7 +422,8 @@ def _flashlab_dir():
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_ALLOWED_REFERENCE = {"causal_mask", "_scale"}
+_ALLOWED_REFERENCE = {"causal_mask", "_scale",
+                      "dropout_keep", "philox4x32", "dropout_threshold"}   # the dropout mask handed in (08)
 
 
 def _forbidden_files():

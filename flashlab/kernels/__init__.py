@@ -7,13 +7,15 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                v2 forward_v2.py   unmasked full tiles, FMA exponent, longest causal tiles first; autotuned
                v3 forward_v3.py   v2 through tensor descriptors (TMA on Hopper); autotuned
                v4 forward_v4.py   v2 with the variants as constexpr branches (GQA, windows, soft-cap, ALiBi,
-                                  masks, dropout, packed sequences); hand-picked tiles; flashlab.variants runs it
+                                  masks, dropout, packed sequences); v3's descriptor loads on Hopper; hand-picked
+                                  tiles; flashlab.variants runs it
     backward   v1 backward.py     three kernels (Delta, dK/dV, dQ), masks on every tile
                v2 backward_v2.py  diagonal / off-diagonal split, base-2 LSE inside; autotuned
                v3 backward_v3.py  one pass: five products per tile pair, dQ added in bulk (TMA reduce); autotuned
                v4 backward_v4.py  v3 with its descriptors made on the host, not in every program; autotuned
                v5 backward_v5.py  v2 with the variants' branches; GQA's dK/dV summed over the group in one program
-                                  (no atomics); dropout's mask regenerated; flashlab.variants runs it
+                                  (no atomics); dropout's mask regenerated; descriptor loads on Hopper;
+                                  flashlab.variants runs it
 
 Forward v4 and backward v5 go through the same plan: a call with a :class:`~flashlab.kernels.plan.Variant`
 (``launch_forward(..., variant=...)``, as :mod:`flashlab.variants` calls it) is planned and launched like

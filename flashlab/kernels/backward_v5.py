@@ -20,6 +20,9 @@ runs everywhere and is deterministic).  The same dK/dV and dQ kernels; what chan
    dP = (dO V^T) o Z / (1 - p), dS = P o (dP - Delta) with Delta = rowsum(dO o O) (O dropped).
 6. **Packed sequences (varlen)**: the sequence's rows start at CU_Q[b] / CU_K[b]; Delta and the
    LSE have strides of their own (the packed LSE is (H, total_q)).
+7. **Tensor descriptors on Hopper**, as in forward v4 (``use_descriptors``): the dQ kernel streams
+   K/V tiles, the dK/dV kernel each query head's Q/dO tiles, through descriptors made once per program
+   (the dK/dV kernel's are 3-D, (heads, rows, HEAD_DIM), so the group's query heads share them).
 
 Launch: ``launch`` at the end of the file runs the launch plan's backward steps; the dK/dV grid runs over
 the K/V heads (B * H // GROUP programs per K/V tile).
@@ -31,7 +34,8 @@ import triton.language as tl
 
 from . import tiles
 from .common import LOG2E_K, head_base, program_tile, tile_ptrs
-from .forward_v4 import band_tiles, dense_strides, dropout_keep, variant_arguments, variant_scores
+from .forward_v4 import (band_tiles, dense_strides, dropout_keep, run_step, use_descriptors, variant_arguments,
+                         variant_scores)
 from .tiles import C
 
 
@@ -63,25 +67,32 @@ def _lse2(lse):
 
 
 @triton.jit
-def _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+def _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, off_h, lse_ptrs, delta_ptrs,
                    stride_qm, stride_dom, stride_lm, stride_dlm,
                    offs_n, offs_m, Nq, Nk, sm_scale, softcap, left, right, slope,
-                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
+                   mask_base, stride_mm, stride_mn, seed, bh, p_drop, col0, lo, hi,
                    MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
-                   ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Stream the Q / dO tiles lo ... < hi of query head ``off_h`` (TMA: q_base, do_base are descriptors of
+    the (heads, rows, HEAD_DIM) Q and dO of this sequence)."""
     for start_m in range(lo, hi, BLOCK_M):
         row0 = tl.cast(start_m, tl.int64)
         rows = start_m + offs_m
+        if TMA:
+            q = q_base.load([off_h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)   # rows past Nq load as zeros
+            do = do_base.load([off_h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)
         if MASKED:
             row_ok = rows < Nq
-            q = tl.load(q_base + row0 * stride_qm + q_offs, mask=row_ok[:, None], other=0.0)
-            do = tl.load(do_base + row0 * stride_dom + do_offs, mask=row_ok[:, None], other=0.0)
+            if not TMA:
+                q = tl.load(q_base + row0 * stride_qm + q_offs, mask=row_ok[:, None], other=0.0)
+                do = tl.load(do_base + row0 * stride_dom + do_offs, mask=row_ok[:, None], other=0.0)
             lse2 = _lse2(tl.load(lse_ptrs + row0 * stride_lm, mask=row_ok, other=0.0))
             delta = tl.load(delta_ptrs + row0 * stride_dlm, mask=row_ok, other=0.0)
         else:
-            q = tl.load(q_base + row0 * stride_qm + q_offs)
-            do = tl.load(do_base + row0 * stride_dom + do_offs)
+            if not TMA:
+                q = tl.load(q_base + row0 * stride_qm + q_offs)
+                do = tl.load(do_base + row0 * stride_dom + do_offs)
             lse2 = _lse2(tl.load(lse_ptrs + row0 * stride_lm))
             delta = tl.load(delta_ptrs + row0 * stride_dlm)
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)                 # S^T (BLOCK_N, BLOCK_M)
@@ -90,10 +101,10 @@ def _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, del
         p_t = tl.math.exp2(x_t - lse2[None, :])                                     # P^T
         dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)               # (dO V^T)^T
         if DROPOUT:
-            keep = dropout_keep(seed, bh, rows[None, :], offs_n[:, None], p_drop)
-            inv = 1.0 / (1.0 - p_drop)
-            dv = tl.dot(tl.where(keep, p_t * inv, 0.0).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
-            dp_t = tl.where(keep, dp_t * inv, 0.0)
+            z = tl.where(dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_M, BLOCK_N), 1.0 / (1.0 - p_drop), 0.0)
+            z_t = tl.trans(z)                                                       # Z^T / (1 - p) (BLOCK_N, BLOCK_M)
+            dv = tl.dot((p_t * z_t).to(do.dtype), do, dv, input_precision=DOT_PRECISION)
+            dp_t = dp_t * z_t
         else:
             dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)    # dV_j += P^T dO_i
         ds_t = p_t * (dp_t - delta[None, :])                                        # dS^T
@@ -120,6 +131,7 @@ def flash_bwd_dkdv_kernel_v5(
     BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """dK_j, dV_j of one K/V tile of K/V head h_kv, summed over its GROUP query heads (grid over H // GROUP)."""
     start_n, off_b, off_hk = program_tile(tl.cdiv(Nk, BLOCK_N), H // GROUP)
@@ -148,6 +160,14 @@ def flash_bwd_dkdv_kernel_v5(
     lo, full_lo, full_hi, hi = band_tiles(start_n * BLOCK_N, BLOCK_N, BLOCK_M, Nq, right, left,
                                           start_n * BLOCK_N < Nk)
 
+    if TMA:   # Q and dO of this (batch or sequence) as (heads, rows, HEAD_DIM), made once: tiles of (1, BLOCK_M, D)
+        q_src = tl.make_tensor_descriptor(
+            Q + off_b.to(tl.int64) * stride_qb + tl.cast(q_start, tl.int64) * stride_qm,
+            shape=[H, tl.maximum(Nq, 1), HEAD_DIM], strides=[stride_qh, stride_qm, 1], block_shape=[1, BLOCK_M, HEAD_DIM])
+        do_src = tl.make_tensor_descriptor(
+            DO + off_b.to(tl.int64) * stride_dob + tl.cast(q_start, tl.int64) * stride_dom,
+            shape=[H, tl.maximum(Nq, 1), HEAD_DIM], strides=[stride_doh, stride_dom, 1],
+            block_shape=[1, BLOCK_M, HEAD_DIM])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     for g in range(0, GROUP):                                          # the query heads that read this K/V head
@@ -163,21 +183,24 @@ def flash_bwd_dkdv_kernel_v5(
         if ALIBI:
             slope = tl.load(SLOPES + off_b * stride_sb + off_h * stride_sh).to(tl.float32)
         bh = off_b * H + off_h
-        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+        if not TMA:
+            q_src = q_base
+            do_src = do_base
+        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_src, do_src, q_offs, do_offs, off_h, lse_ptrs, delta_ptrs,
                                 stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
                                 sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
-                                seed, bh, p_drop, lo, full_lo,
-                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
-        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+                                seed, bh, p_drop, start_n * BLOCK_N, lo, full_lo,
+                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA, HEAD_DIM)
+        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_src, do_src, q_offs, do_offs, off_h, lse_ptrs, delta_ptrs,
                                 stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
                                 sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
-                                seed, bh, p_drop, full_lo, full_hi,
-                                False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
-        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_base, do_base, q_offs, do_offs, lse_ptrs, delta_ptrs,
+                                seed, bh, p_drop, start_n * BLOCK_N, full_lo, full_hi,
+                                False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA, HEAD_DIM)
+        dk, dv = _dkdv_inner_v5(dk, dv, k, v, q_src, do_src, q_offs, do_offs, off_h, lse_ptrs, delta_ptrs,
                                 stride_qm, stride_dom, stride_lm, stride_dlm, offs_n, offs_m, Nq, Nk,
                                 sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
-                                seed, bh, p_drop, full_hi, hi,
-                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, DOT_PRECISION)
+                                seed, bh, p_drop, start_n * BLOCK_N, full_hi, hi,
+                                True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA, HEAD_DIM)
     dk = dk * sm_scale
     dk_base = head_base(DK, off_b, off_hk, stride_dkb, stride_dkh) + tl.cast(k_start, tl.int64) * stride_dkn
     dv_base = head_base(DV, off_b, off_hk, stride_dvb, stride_dvh) + tl.cast(k_start, tl.int64) * stride_dvn
@@ -192,11 +215,16 @@ def _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_
                  offs_m, offs_n, Nq, Nk, sm_scale, softcap, left, right, slope,
                  mask_base, stride_mm, stride_mn, seed, bh, p_drop, lo, hi,
                  MASKED: tl.constexpr, BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
-                 ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 ALIBI: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """Stream the K/V tiles lo ... < hi (TMA: k_base, v_base are tensor descriptors)."""
     for start_n in range(lo, hi, BLOCK_N):
         row0 = tl.cast(start_n, tl.int64)
         cols = start_n + offs_n
-        if MASKED:
+        if TMA:
+            k = k_base.load([start_n, 0])
+            v = v_base.load([start_n, 0])
+        elif MASKED:
             k = tl.load(k_base + row0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)
             v = tl.load(v_base + row0 * stride_vn + v_offs, mask=cols[:, None] < Nk, other=0.0)
         else:
@@ -208,7 +236,7 @@ def _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_
         p = tl.math.exp2(x - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if DROPOUT:
-            keep = dropout_keep(seed, bh, offs_m[:, None], cols[None, :], p_drop)
+            keep = dropout_keep(seed, bh, offs_m, start_n, p_drop, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * (1.0 / (1.0 - p_drop)), 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
@@ -233,6 +261,7 @@ def flash_bwd_dq_kernel_v5(
     BAND: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TMA: tl.constexpr = False,
 ):
     """dQ_i of one query tile (v2's contract plus the variants; query head h reads K/V head h // GROUP)."""
     n_tiles = tl.cdiv(Nq, BLOCK_M)
@@ -274,21 +303,30 @@ def flash_bwd_dq_kernel_v5(
         slope = tl.load(SLOPES + off_b * stride_sb + off_h * stride_sh).to(tl.float32)
     bh = off_b * H + off_h
 
+    if TMA:   # the K/V tiles of the loop through descriptors of this (sequence, K/V head); >= 1 row
+        k_src = tl.make_tensor_descriptor(k_base, shape=[tl.maximum(Nk, 1), HEAD_DIM], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+        v_src = tl.make_tensor_descriptor(v_base, shape=[tl.maximum(Nk, 1), HEAD_DIM], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+    else:
+        k_src = k_base
+        v_src = v_base
+
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     lo, full_lo, full_hi, hi = band_tiles(start_m * BLOCK_M, BLOCK_M, BLOCK_N, Nk, left, right,
                                           start_m * BLOCK_M < Nq)
-    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
+    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
                       Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
                       seed, bh, p_drop, lo, full_lo,
-                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
-    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
+                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA)
+    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
                       Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
                       seed, bh, p_drop, full_lo, full_hi,
-                      False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
-    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_base, v_base, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
+                      False, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA)
+    dq = _dq_inner_v5(dq, q, do, lse2, delta, k_src, v_src, k_offs, v_offs, stride_kn, stride_vn, offs_m, offs_n,
                       Nq, Nk, sm_scale, softcap, left, right, slope, mask_base, stride_mm, stride_mn,
                       seed, bh, p_drop, full_hi, hi,
-                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_N, DOT_PRECISION)
+                      True, BAND, MASK_KIND, SOFTCAP, ALIBI, DROPOUT, BLOCK_M, BLOCK_N, DOT_PRECISION, TMA)
     dq = dq * sm_scale
     dq_base = head_base(DQ, off_b, off_h, stride_dqb, stride_dqh) + tl.cast(q_start, tl.int64) * stride_dqm
     tl.store(tile_ptrs(dq_base, start_m * BLOCK_M, offs_r, offs_d, stride_dqm, stride_dqd),
@@ -346,13 +384,16 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, *,
 
     ptrs, strides, scalars, consts = variant_arguments(plan, q, lse, mask, slopes, cu_q, cu_k, softcap,
                                                        dropout_p, seed)
+    consts["TMA"] = use_descriptors(plan, q, k, v, do)
+    if consts["TMA"]:
+        tiles.ensure_allocator()
     H, group, Nq, Nk, cap, left, right, p_drop, seed_ = scalars
     common = (*dense_strides(q, varlen), *dense_strides(k, varlen), *dense_strides(v, varlen),
               *dense_strides(do, varlen))
     tail = (*lse_strides, *d_strides, *strides, H, group, Nq, Nk, float(scale), cap, left, right, p_drop, seed_)
-    tiles.run(s_kv, flash_bwd_dkdv_kernel_v5,
-              (q, k, v, do, lse, delta, dk, dv, *ptrs, *common, *dense_strides(dk, varlen),
-               *dense_strides(dv, varlen), *tail), consts, s_kv.grid_for, runners, "dkdv")
-    tiles.run(s_q, flash_bwd_dq_kernel_v5,
-              (q, k, v, do, lse, delta, dq, *ptrs, *common, *dense_strides(dq, varlen), *tail),
-              consts, s_q.grid_for, runners, "dq")
+    run_step(s_kv, flash_bwd_dkdv_kernel_v5,
+             (q, k, v, do, lse, delta, dk, dv, *ptrs, *common, *dense_strides(dk, varlen),
+              *dense_strides(dv, varlen), *tail), consts, runners, "dkdv")
+    run_step(s_q, flash_bwd_dq_kernel_v5,
+             (q, k, v, do, lse, delta, dq, *ptrs, *common, *dense_strides(dq, varlen), *tail),
+             consts, runners, "dq")

@@ -27,6 +27,7 @@ import numpy as np
 import os
 from contextlib import contextmanager
 
+from ...reference import dropout_keep, dropout_rate
 from ...variants import band_tile_ranges, varlen_program
 from .. import requirements as Rq
 from ..core import Bug, Case, Exercise
@@ -593,24 +594,12 @@ def _varlen_locate(case, name, idx):
 # dropout_backward: f(q, k, v, o, lse, do, p, keep, block_q, block_k) -> (dq, dk, dv)
 # ----------------------------------------------------------------------------
 
-_M64 = (1 << 64) - 1
-
-
 def keep_function(seed: int, p: float):
-    """A counter-based dropout mask: keep(rows, cols) -> bool (len(rows), len(cols)), True = kept, a pure
-    function of (seed, row, column) like the kernels' Philox (here a SplitMix64 hash, in NumPy)."""
+    """The kernels' dropout mask for one (batch, head): keep(rows, cols) -> bool (len(rows), len(cols)), True =
+    kept, a pure function of (seed, row, column) -- forward v4's Philox bits, from their NumPy copy
+    (flashlab.reference.dropout_keep, batch * H + head = 0)."""
     def keep(rows, cols):
-        r = np.asarray(rows, dtype=np.uint64).reshape(-1, 1)
-        c = np.asarray(cols, dtype=np.uint64).reshape(1, -1)
-        with np.errstate(over="ignore"):
-            x = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + r * np.uint64(0xBF58476D1CE4E5B9)
-                 + c * np.uint64(0x94D049BB133111EB))
-            x ^= x >> np.uint64(30)
-            x *= np.uint64(0xBF58476D1CE4E5B9)
-            x ^= x >> np.uint64(27)
-            x *= np.uint64(0x94D049BB133111EB)
-            x ^= x >> np.uint64(31)
-        return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53) >= p
+        return dropout_keep(seed, 0, rows, cols, p)
     return keep
 
 
@@ -625,10 +614,11 @@ def _dropout_cases(rng):
     for nq, nk, d, p, bq, bk, vis in spec:
         q, k, v = rng.standard_normal((nq, d)), rng.standard_normal((nk, d)), rng.standard_normal((nk, d))
         seed = int(rng.integers(0, 2**31))
+        p = dropout_rate(p)                          # the kernels apply p in 1/256ths (one random byte a score)
         o, lse = _dropout_forward(q, k, v, p, keep_function(seed, p))
         do = rng.standard_normal((nq, d))
         params = {"Nq": nq, "Nk": nk, "D": d, "p": p, "block_q": bq, "block_k": bk, "seed": seed}
-        if (nq, nk, d, p, bq, bk) == _MEMORY_CASE:
+        if (nq, nk, d, bq, bk) == _MEMORY_CASE[:3] + _MEMORY_CASE[4:]:
             params["check"] = "memory bound"
         cases.append(Case(params, {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, vis))
     return cases
