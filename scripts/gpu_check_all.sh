@@ -6,6 +6,11 @@
 #                                             SDPA; split-KV decoding's tests and benchmark
 #   bash scripts/gpu_check_all.sh OUTDIR b    the variants' tests on the GPU; ring attention's one-GPU step timings;
 #                                             python -m flashlab bench at N = 4096 beside SDPA's backends
+#   bash scripts/gpu_check_all.sh OUTDIR c    the class leaderboard (scripts/gpu_leaderboard.py); then, in parallel,
+#                                             the variants', decoding's and the ring's tests and every solution
+#                                             notebook on the GPU; then notebook 04 executed for the site, ring
+#                                             attention's step timings, decoding beside SDPA and Flex, the tiny
+#                                             call's host profile (pytest-xdist and the notebook packages needed)
 # Each step has a time limit; its last lines are printed, its whole output kept in OUTDIR.
 set -u
 out=${1:-.out}; part=${2:-a}
@@ -25,6 +30,19 @@ if [ "$part" = a ]; then
   TAIL=14 step overhead 70 python3 -m flashlab bench --overhead
   TAIL=14 step overhead_demo 70 python3 -m flashlab bench --overhead --overhead-shape 1,16,1024,64 --causal true
   TAIL=30 step decode 60 python3 scripts/bench_decode.py --json "$out/bench_decode.json"
+elif [ "$part" = c ]; then
+  TAIL=25 step leaderboard 170 python3 scripts/gpu_leaderboard.py "$out/lb"
+  echo "== in parallel: tests (variants, decode, ring) and the solution notebooks on the GPU (limit 150 s)"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 6 tests/test_variants.py tests/test_decode.py \
+    tests/test_ring.py > "$out/gpu_tests.txt" 2>&1 &
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 5 tests/test_notebooks.py -k test_solution_passes \
+    > "$out/gpu_solutions.txt" 2>&1 &
+  wait
+  tail -n 4 "$out/gpu_tests.txt"; tail -n 4 "$out/gpu_solutions.txt"; echo "   [$((SECONDS - t0)) s]"
+  TAIL=3 step site04 30 python3 scripts/execute_for_site.py --out "$out/executed" notebooks/04_triton_primer.ipynb
+  TAIL=12 step ring_steps 45 python3 scripts/ring_bench.py --ns 4096 16384 --out "$out/h200_ring.json"
+  TAIL=30 step decode 55 python3 scripts/bench_decode.py --json "$out/bench_decode.json"
+  TAIL=40 step host_profile 25 python3 scripts/host_profile.py --out "$out/host_profile.txt"
 else
   step variants_tests 130 python3 -m pytest -q -p no:cacheprovider tests/test_variants.py tests/test_ring.py
   TAIL=30 step ring_steps 60 python3 scripts/ring_bench.py --ns 4096 16384 --out "$out/h200_ring.json"
