@@ -409,12 +409,18 @@ def test_a_timed_window_has_the_gpu_alone():
             time.sleep(0.05)
             log.append("window out")
 
+    def until(cond, what):      # the turns' own state, not sleeps: a loaded machine schedules threads late
+        deadline = time.monotonic() + 10
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.005)
+
     threads = [threading.Thread(target=case, args=("a", True))]
     threads[0].start()
     running.wait(5)
     threads.append(threading.Thread(target=window))
     threads[1].start()
-    time.sleep(0.1)
+    until(lambda: turns._window, "the window never asked for its turn")
     threads.append(threading.Thread(target=case, args=("b",)))
     threads[2].start()
     time.sleep(0.1)
