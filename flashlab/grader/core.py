@@ -22,6 +22,7 @@ class Case:
     inputs: dict                     # the data (NumPy arrays or torch tensors)
     visible: bool = False
     large: bool = False              # logits large enough that exp overflows without the max
+    precision: str = ""              # a case only 16-bit arithmetic fails: what to say when it fails
 
     def describe(self) -> str:
         p = self.params
@@ -398,10 +399,17 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
         diagnosed = diagnose(ex, *failure, passed=passed)
         if diagnosed is not None:
             break
+    plain = []                           # (result, case) of the cases not built for a precision rule
+    for case_result, case in zip(result.cases, cases):   # a precision case names the rule it was built for
+        said = getattr(case, "precision", "")
+        if not said:
+            plain.append((case_result, case))
+        elif case_result.status == "fail" and said not in result.hints:
+            result.hints.append(said)
     if diagnosed is not None:
         result.hints.append(f"This looks like a known bug, {diagnosed.title}: {diagnosed.hint}")
-    else:
-        result.hints += symptom_hints(ex, result.cases, cases)
+    elif plain:   # the symptoms of the other cases (a precision case's inf says nothing about masks or strides)
+        result.hints += symptom_hints(ex, [r for r, _ in plain], [c for _, c in plain])
     if stopped:
         result.hints.insert(0, stopped)
     if any(c.status == "fail" and c.message == WRONG_ALGORITHM for c in result.cases) and diagnosed is None:
