@@ -313,6 +313,17 @@ def _not_run(result: Result, cases, first: int, hidden_no: int) -> None:
                                        f"not run (incomplete: {n_run} of {len(cases)} cases ran)"))
 
 
+def _check_buffers(ex: Exercise, case: Case, out: dict) -> None:
+    """The padded buffers' canaries, checked here on the buffers the run sent back (``_buffers``), against
+    the layout this process makes for the case itself: writes around a buffer, unwritten output elements,
+    modified inputs.  What the run reported of them stays and can only add."""
+    from . import memory
+    buffers = out.pop("_buffers", None)
+    layout = memory.layout_of(ex.run, case)
+    if layout:
+        memory.merge_checks(out, *memory.check_returned(layout, buffers))
+
+
 def local_executor(ex: Exercise, candidate, deadline: float | None = None):
     """How a candidate is run in the learner's own session: ``execute(kind, case) -> Outcome``
     with kind "run" (``ex.run``) or "probe" (``ex.probe``), in a forked child when the exercise
@@ -366,6 +377,8 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
             cr.details = outcome.error.splitlines()
         else:
             out = outcome.value
+            if ex.needs_triton and isinstance(out, dict):
+                _check_buffers(ex, case, out)
             ref = ex.reference(case)
             ok, msg, details, max_err = compare(ex, case, out, ref)
             if ok or max_err == 0:          # the values are right (a requirement may still be missed)

@@ -237,6 +237,8 @@ _STACK: list = []
 def watch(tensors: dict, outputs=()):
     """``with watch({"x": x_padded, ...}) as w: candidate(...)``; then ``w.violations(outputs)``.  The values are
     the grader's Padded buffers (or plain tensors: then only the torch and launch checks)."""
+    from .memory import hand_over
+    hand_over(tensors, outputs)          # (the grader recording the buffers' layout: the run stops here)
     _wrap_launchers(_STACK)
     w = KernelWatch(tensors, outputs)
     _STACK.append(w)

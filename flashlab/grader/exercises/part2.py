@@ -23,7 +23,7 @@ from ...bounds import causal_tile_ranges
 from .. import kernel_bugs as KB
 from .. import launches
 from ..core import Bug, Case, Exercise
-from ..memory import SENTINEL, output_buffer, padded, stray_writes, unwritten
+from ..memory import SENTINEL, hand_over, output_buffer, padded, returned, stray_writes, unwritten
 from . import register
 from .part1 import _attn_bugs, _heat_from_mass, _probe_v
 
@@ -143,7 +143,8 @@ def _softmax_run(f, case):
         f(x.view, y.view)
     _sync()
     return {"y": _f64(y.view), "_stray": _strays({"x": x}, {"y": y}, case),
-            "_unwritten": {"y": unwritten(y).cpu().numpy()}, "_violations": w.violations(["y"])}
+            "_unwritten": {"y": unwritten(y).cpu().numpy()}, "_violations": w.violations(["y"]),
+            "_buffers": returned({"x": x, "y": y})}
 
 
 def softmax_rows(x: np.ndarray, extra_zeros: int = 0, subtract_max: bool = True, dtype=np.float64):
@@ -271,7 +272,8 @@ def _matmul_run(f, case):
         f(a, b, c.view)
     _sync()
     return {"c": _f64(c.view), "_stray": _strays(ins, {"c": c}, case),
-            "_unwritten": {"c": unwritten(c).cpu().numpy()}, "_violations": w.violations(["c"])}
+            "_unwritten": {"c": unwritten(c).cpu().numpy()}, "_violations": w.violations(["c"]),
+            "_buffers": returned({**ins, "c": c})}
 
 
 def _matmul_ref(case):
@@ -537,7 +539,8 @@ def _fwd_run(f, case, v_override=None):
         strays += _input_strays(ins, case)
     return {"o": _f64(o.view), "lse": _f64(lse.view), "_stray": [str(s) for s in strays],
             "_unwritten": {"o": unwritten(o).cpu().numpy(), "lse": unwritten(lse).cpu().numpy()},
-            "_violations": w.violations(["o", "lse"])}
+            "_violations": w.violations(["o", "lse"]),
+            "_buffers": returned({**ins, "o": o, "lse": lse}) if v_override is None else {}}
 
 
 def _fwd_probe(f, case):
@@ -852,10 +855,12 @@ def _staged_run(f, case, with_causal: bool):
     q = ins["q"].view
     o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
                   p.get("layout", "BHND"), SENTINEL[q.dtype])
+    hand_over({**ins, "o": o}, outputs=("o",))
     f(q, ins["k"].view, ins["v"].view, o.view, *((p["causal"],) if with_causal else ()))
     _sync()
     strays = [s for s in (stray_writes(o),) if s] + _input_strays(ins, case)
-    out = {"o": _f64(o.view), "_stray": [str(s) for s in strays], "_unwritten": {"o": unwritten(o).cpu().numpy()}}
+    out = {"o": _f64(o.view), "_stray": [str(s) for s in strays], "_unwritten": {"o": unwritten(o).cpu().numpy()},
+           "_buffers": returned({**ins, "o": o})}
     if with_causal and _skips_tiles(case):
         out["_violations"] = skipping_violations(f, case)
     return out

@@ -16,7 +16,7 @@ from .. import bugs_backward as BB
 from .. import kernel_bugs as KB
 from .. import launches
 from ..core import Bug, Case, Exercise
-from ..memory import SENTINEL, padded, stray_writes, unwritten
+from ..memory import SENTINEL, padded, returned, stray_writes, unwritten
 from . import register
 from .part2 import (_TORCH_DTYPES, FP16_ACC, KernelCase, _f64, _fwd_ref, _guard_4d, _input_strays, _kernel_cases, _kernel_locate,
                     _kernel_tol, _sync, layouts_of)
@@ -171,6 +171,7 @@ def _bwd_run(f, case):
     res["_stray"] = [str(s) for s in strays]
     res["_unwritten"] = {n: unwritten(b).cpu().numpy() for n, b in outs.items()}
     res["_violations"] = w.violations(["dq", "dk", "dv"])
+    res["_buffers"] = returned({**ins, **outs})
     for n in ("dq", "dk", "dv"):      # what was never written is NaN, not the sentinel, for the diagnosis
         res[n][res["_unwritten"][n]] = np.nan
     return res
