@@ -96,7 +96,8 @@ def make_forward(BM=16, BN=16, rescale=True, mask_tail=True, mask_store=True, ls
                  wild_store=False, ignore_bh=False, scale_fn=lambda d: 1.0 / math.sqrt(d), mask_scores=True,
                  causal_keep=0, kv_q_strides=False, strides_from=None, mask_q=True, acc16=0):
     """``acc16``: 1, acc allocated in the inputs' dtype (tl.dot accumulates in it); 2, acc rounded to the
-    inputs' dtype after every tile (the dot itself in float32).  ``strides_from``: {tensor: other}, e.g. {"v": "k"}: v addressed with k's strides (a copy-pasted line)."""
+    inputs' dtype after every tile (the dot itself in float32).
+    ``strides_from``: {tensor: other}, e.g. {"v": "k"}: v addressed with k's strides (a copy-pasted line)."""
     def flash_forward(q, k, v, o, lse, causal):
         B, H, Nq, D = q.shape
         Nk = k.shape[2]

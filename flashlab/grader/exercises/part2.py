@@ -452,7 +452,8 @@ def _acc_overflow_case(rng):
     q = 1e-3 * rng.standard_normal((b, h, nq, d))
     k = rng.standard_normal((b, h, nk, d))
     v = 2000.0 + 20.0 * rng.standard_normal((b, h, nk, d))
-    t = {n: torch.from_numpy(x).to(device=device.DEVICE, dtype=torch.float16) for n, x in (("q", q), ("k", k), ("v", v))}
+    t = {n: torch.from_numpy(x).to(device=device.DEVICE, dtype=torch.float16)
+         for n, x in (("q", q), ("k", k), ("v", v))}
     params = {"B": b, "H": h, "Nq": nq, "Nk": nk, "D": d, "causal": False, "dtype": "fp16",
               "check": "V ~ 2000: the running sum of P V passes 65504"}
     return KernelCase(params, t, False, False,

@@ -18,8 +18,8 @@ from .. import launches
 from ..core import Bug, Case, Exercise
 from ..memory import SENTINEL, padded, returned, stray_writes, unwritten
 from . import register
-from .part2 import (_TORCH_DTYPES, FP16_ACC, KernelCase, _f64, _fwd_ref, _guard_4d, _input_strays, _kernel_cases, _kernel_locate,
-                    _kernel_tol, _sync, layouts_of)
+from .part2 import (_TORCH_DTYPES, FP16_ACC, KernelCase, _f64, _fwd_ref, _guard_4d, _input_strays, _kernel_cases,
+                    _kernel_locate, _kernel_tol, _sync, layouts_of)
 
 def _bwd_inputs(case):
     """O (in the input dtype) and LSE (float32) from the float64 reference, as the forward would give."""
@@ -78,8 +78,8 @@ def _precision_cases(rng):
     v, do = 80.0 + 20.0 * rng.standard_normal((b, h, nk, d)), 80.0 + rng.standard_normal((b, h, nq, d))
     out.append(({"q": q, "k": k, "v": v, "do": do}, nk, "dO, O ~ 80: Delta ~ 1e5 passes 65504",
                 "Only a 16-bit Delta fails this case (Delta = rowsum(dO * O) ~ 1e5, past float16's "
-                "largest 65504), and yours does: load O and dO with .to(tl.float32), sum in float32, and store Delta in a "
-                "float32 buffer (torch.empty(..., dtype=torch.float32)), whatever the inputs' dtype."))
+                "largest 65504), and yours does: load O and dO with .to(tl.float32), sum in float32, and store "
+                "Delta in a float32 buffer (torch.empty(..., dtype=torch.float32)), whatever the inputs' dtype."))
     nk, half = 256, 128
     q = 1e-3 * rng.standard_normal((b, h, nq, d))
     k = np.concatenate([1000.0 + rng.standard_normal((b, h, half, d)), 750.0 + rng.standard_normal((b, h, half, d))], 2)
