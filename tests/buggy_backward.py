@@ -13,7 +13,7 @@ import triton.language as tl
 
 @triton.jit
 def _delta(O, DO, Dl, sob, soh, som, sdb, sdh, sdm, H, Nq, BM: tl.constexpr, D: tl.constexpr,
-           DELTA_NO_O: tl.constexpr):
+           DELTA_NO_O: tl.constexpr, DELTA16: tl.constexpr = False):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -21,8 +21,11 @@ def _delta(O, DO, Dl, sob, soh, som, sdb, sdh, sdm, H, Nq, BM: tl.constexpr, D: 
     rows = pid_m * BM + tl.arange(0, BM)
     d = tl.arange(0, D)
     ok = rows[:, None] < Nq
-    o = tl.load(O + b * sob + h * soh + rows[:, None] * som + d[None, :], mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdm + d[None, :], mask=ok, other=0.0).to(tl.float32)
+    o = tl.load(O + b * sob + h * soh + rows[:, None] * som + d[None, :], mask=ok, other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdm + d[None, :], mask=ok, other=0.0)
+    if not DELTA16:               # (DELTA16: rowsum(dO o O) in the inputs' dtype)
+        o = o.to(tl.float32)
+        do = do.to(tl.float32)
     if DELTA_NO_O:
         o = o * 0 + 1
     tl.store(Dl + pid_bh * Nq + rows, tl.sum(o * do, 1), mask=rows < Nq)
@@ -85,7 +88,8 @@ def _dkdv(Q, K, V, DO, L, Dl, DK, DV, sqb, sqh, sqm, skb, skh, skn, svb, svh, sv
 def _dq(Q, K, V, DO, L, Dl, DQ, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb, sdh, sdm,
         sqgb, sqgh, sqgm, slb, slh, slm, H, Nq, Nk, scale,
         CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, D: tl.constexpr,
-        USE_DELTA: tl.constexpr, DELTA_FROM_P: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr):
+        USE_DELTA: tl.constexpr, DELTA_FROM_P: tl.constexpr, SCALE: tl.constexpr, MASK: tl.constexpr,
+        DQ16: tl.constexpr = False):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -119,7 +123,10 @@ def _dq(Q, K, V, DO, L, Dl, DQ, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb
             ds = p * (dp - delta[:, None])
         else:
             ds = p * dp
-        dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
+        if DQ16:                  # the running dQ rounded to the inputs' dtype after every tile
+            dq = (dq + tl.dot(ds.to(k.dtype), k, input_precision="ieee")).to(k.dtype).to(tl.float32)
+        else:
+            dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
     if SCALE:
         dq = dq * scale
     tl.store(DQ + b * sqgb + h * sqgh + rows[:, None] * sqgm + d[None, :], dq.to(DQ.dtype.element_ty),
@@ -128,8 +135,10 @@ def _dq(Q, K, V, DO, L, Dl, DQ, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdb
 
 def make_backward(BM=16, BN=32, no_delta=False, delta_from_p=False, delta_no_o=False, scale_dq=True,
                   scale_dk=True, mask_dq=True, mask_dkdv=True, store_unseen=True, do_strides_from_o=False,
-                  strides_from=None):
-    """``strides_from``: {tensor: other}, e.g. {"dv": "dk"}: dv addressed with dk's strides (a copy-pasted line)."""
+                  strides_from=None, delta16=False, delta_stored16=False, dq16=False):
+    """``delta16``: Delta computed in the inputs' dtype; ``delta_stored16``: the Delta buffer allocated in
+    the inputs' dtype; ``dq16``: dQ accumulated in the inputs' dtype.
+    ``strides_from``: {tensor: other}, e.g. {"dv": "dk"}: dv addressed with dk's strides (a copy-pasted line)."""
     def flash_backward(q, k, v, o, lse, do, dq, dk, dv, causal):
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
@@ -140,9 +149,9 @@ def make_backward(BM=16, BN=32, no_delta=False, delta_from_p=False, delta_no_o=F
             st["do"] = st["o"]
         for target, source in (strides_from or {}).items():
             st[target] = st[source]
-        delta = torch.empty((B, H, Nq), device=q.device, dtype=torch.float32)
+        delta = torch.empty((B, H, Nq), device=q.device, dtype=q.dtype if delta_stored16 else torch.float32)
         _delta[(triton.cdiv(Nq, 16), B * H)](o, do, delta, *st["o"], *st["do"], H, Nq, BM=16, D=D,
-                                             DELTA_NO_O=delta_no_o)
+                                             DELTA_NO_O=delta_no_o, DELTA16=delta16)
         common = dict(CAUSAL=causal, BM=BM, BN=BN, D=D, USE_DELTA=not no_delta, DELTA_FROM_P=delta_from_p)
         _dkdv[(triton.cdiv(Nk, BN), B * H)](
             q, k, v, do, lse, delta, dk, dv, *st["q"], *st["k"], *st["v"], *st["do"],
@@ -150,5 +159,5 @@ def make_backward(BM=16, BN=32, no_delta=False, delta_from_p=False, delta_no_o=F
             SCALE=scale_dk, MASK=mask_dkdv, STORE_UNSEEN=store_unseen, **common)
         _dq[(triton.cdiv(Nq, BM), B * H)](
             q, k, v, do, lse, delta, dq, *st["q"], *st["k"], *st["v"], *st["do"],
-            *st["dq"], *lse.stride(), H, Nq, Nk, scale, SCALE=scale_dq, MASK=mask_dq, **common)
+            *st["dq"], *lse.stride(), H, Nq, Nk, scale, SCALE=scale_dq, MASK=mask_dq, DQ16=dq16, **common)
     return flash_backward

@@ -17,7 +17,7 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
                  RESCALE: tl.constexpr, MASK_TAIL: tl.constexpr, MASK_STORE: tl.constexpr,
                  LSE_BASE2: tl.constexpr, STRICT: tl.constexpr, WILD_STORE: tl.constexpr,
                  IGNORE_BH: tl.constexpr, MASK_SCORES: tl.constexpr = True, CAUSAL_KEEP: tl.constexpr = 0,
-                 KV_Q_STRIDES: tl.constexpr = False, MASK_Q: tl.constexpr = True):
+                 KV_Q_STRIDES: tl.constexpr = False, MASK_Q: tl.constexpr = True, ACC16: tl.constexpr = 0):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -36,7 +36,10 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
         q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + d[None, :])
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, D], tl.float32)
+    if ACC16 == 1:                 # acc in the inputs' dtype: with fp16 inputs tl.dot accumulates in float16
+        acc = tl.zeros([BM, D], V.dtype.element_ty)
+    else:
+        acc = tl.zeros([BM, D], tl.float32)
     for start in range(0, Nk, BN):
         cols = start + cols0
         if MASK_TAIL:
@@ -64,9 +67,14 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         l = l * alpha + tl.sum(p, 1)
-        if RESCALE:
+        if RESCALE and ACC16 != 1:
             acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+        if ACC16 == 1:
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None].to(acc.dtype), input_precision="ieee")
+        elif ACC16 == 2:           # the dot in float32, the running sum rounded to the inputs' dtype every tile
+            acc = (acc + tl.dot(p.to(v.dtype), v, input_precision="ieee")).to(v.dtype).to(tl.float32)
+        else:
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
         m = m_new
     acc = acc / l[:, None]
     lse = m + tl.log(l)
@@ -86,8 +94,10 @@ def _learner_fwd(Q, K, V, O, LSE, sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, s
 
 def make_forward(BM=16, BN=16, rescale=True, mask_tail=True, mask_store=True, lse_base2=False, strict=False,
                  wild_store=False, ignore_bh=False, scale_fn=lambda d: 1.0 / math.sqrt(d), mask_scores=True,
-                 causal_keep=0, kv_q_strides=False, strides_from=None, mask_q=True):
-    """``strides_from``: {tensor: other}, e.g. {"v": "k"}: v addressed with k's strides (a copy-pasted line)."""
+                 causal_keep=0, kv_q_strides=False, strides_from=None, mask_q=True, acc16=0):
+    """``acc16``: 1, acc allocated in the inputs' dtype (tl.dot accumulates in it); 2, acc rounded to the
+    inputs' dtype after every tile (the dot itself in float32).
+    ``strides_from``: {tensor: other}, e.g. {"v": "k"}: v addressed with k's strides (a copy-pasted line)."""
     def flash_forward(q, k, v, o, lse, causal):
         B, H, Nq, D = q.shape
         Nk = k.shape[2]
@@ -100,5 +110,5 @@ def make_forward(BM=16, BN=16, rescale=True, mask_tail=True, mask_store=True, ls
                            CAUSAL=causal, BM=BM, BN=BN, D=D, RESCALE=rescale, MASK_TAIL=mask_tail,
                            MASK_STORE=mask_store, LSE_BASE2=lse_base2, STRICT=strict, WILD_STORE=wild_store,
                            IGNORE_BH=ignore_bh, MASK_SCORES=mask_scores, CAUSAL_KEEP=causal_keep,
-                           KV_Q_STRIDES=kv_q_strides, MASK_Q=mask_q)
+                           KV_Q_STRIDES=kv_q_strides, MASK_Q=mask_q, ACC16=acc16)
     return flash_forward

@@ -6,13 +6,19 @@ import triton.language as tl
 
 @triton.jit
 def _softmax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr, OTHER_ZERO: tl.constexpr,
-             NO_MAX: tl.constexpr, CONTIGUOUS: tl.constexpr):
+             NO_MAX: tl.constexpr, CONTIGUOUS: tl.constexpr, NO_UPCAST: tl.constexpr = False,
+             STORE_PAST: tl.constexpr = False):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
     if CONTIGUOUS:                    # strides ignored on the read: x assumed to be a contiguous (M, N)
         sxm = N
         sxn = 1
+    if NO_UPCAST:                     # x kept in its dtype: only tl.exp (float32 only) sees float32
+        x = tl.load(X + row * sxm + cols * sxn, mask=mask, other=float("-inf"))
+        e = tl.exp((x - tl.max(x, axis=0)).to(tl.float32)).to(x.dtype)
+        tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=mask)
+        return
     if OTHER_ZERO:
         x = tl.load(X + row * sxm + cols * sxn, mask=mask, other=0.0).to(tl.float32)
     else:
@@ -21,16 +27,19 @@ def _softmax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr, OTHER_ZERO: tl.co
         e = tl.exp(x)
     else:
         e = tl.exp(x - tl.max(x, axis=0))
+    if STORE_PAST:                    # one element past each row stored (a zero, into the padding)
+        mask = cols < N + 1
     tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=mask)
 
 
-def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=1, y_strides_from_x=False):
+def make_softmax(other_zero=False, no_max=False, contiguous=False, block_factor=1, y_strides_from_x=False,
+                 no_upcast=False, store_past=False):
     def softmax(x, y):
         M, N = x.shape
         ys = x.stride() if y_strides_from_x else y.stride()
         _softmax[(M,)](x, y, N, x.stride(0), x.stride(1), ys[0], ys[1],
-                       BLOCK=block_factor * triton.next_power_of_2(N), OTHER_ZERO=other_zero, NO_MAX=no_max,
-                       CONTIGUOUS=contiguous)
+                       BLOCK=block_factor * triton.next_power_of_2(N + store_past), OTHER_ZERO=other_zero,
+                       NO_MAX=no_max, CONTIGUOUS=contiguous, NO_UPCAST=no_upcast, STORE_PAST=store_past)
     return softmax
 
 

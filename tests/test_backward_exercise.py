@@ -152,3 +152,41 @@ def test_a_gradient_stored_with_anothers_strides_fails_naming_both(swap, title):
     r = grade("flash_backward", make_backward(strides_from=swap), seed=4)
     assert not r.passed
     assert any(title in h for h in r.hints), str(r)
+
+
+@pytest.mark.parametrize("kw,said,named", [
+    (dict(delta16=True), "a 16-bit Delta fails this case", "a tl.sum adds float16 values"),
+    (dict(delta_stored16=True), "a 16-bit Delta fails this case", None),
+    (dict(dq16=True), "a 16-bit accumulator fails this case", None),
+], ids=["delta computed in fp16", "delta stored in fp16", "dq accumulated in fp16"])
+def test_a_16_bit_delta_or_dq_fails_naming_the_rule(kw, said, named):
+    """Delta summed in float16 (the interpreter names the tl.sum), Delta stored in a float16 buffer, dQ
+    rounded to float16 after every key tile: the precision cases (Delta ~ 1e5; a running dQ through ~8e4)
+    turn each into inf, and the report says which rule."""
+    with np.errstate(all="ignore"):
+        r = grade("flash_backward", make_backward(**kw), seed=9)
+    assert not r.passed
+    assert any(said in h for h in r.hints), str(r)
+    assert any("65504" in c.params for c in r.cases if not c.passed), str(r)
+    if named:
+        assert named in str(r), str(r)
+
+
+def test_the_precision_cases_overflow_only_16_bit_arithmetic():
+    """On fresh draws, in float64 on the float16 inputs: Delta passes 65504 on every row, the running dQ
+    passes it after the first 128 keys on every row, and the gradients stay representable."""
+    from flashlab.grader.exercises.part3 import _bwd_inputs, _bwd_ref, _precision_cases
+    for seed in range(5):
+        delta_case, dq_case = _precision_cases(np.random.default_rng(seed))
+        for case in (delta_case, dq_case):
+            case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
+            grads = _bwd_ref(case)
+            assert max(np.abs(g).max() for g in grads.values()) < 40000
+        do, o = (delta_case.inputs[n][0, 0].double().numpy() for n in ("do", "o"))
+        assert (do * o).sum(1).min() > 65504
+        q, k, v, do = (dq_case.inputs[n][0, 0].double().numpy() for n in ("q", "k", "v", "do"))
+        s = q @ k.T / 4.0
+        p = np.exp(s - s.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        ds = p * (do @ v.T - (do * (p @ v)).sum(1, keepdims=True))
+        assert (np.abs(ds[:, :128] @ k[:128] / 4.0).max(1) > 65504).all()

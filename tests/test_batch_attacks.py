@@ -192,6 +192,25 @@ def two_pass(x, b):
 def naive_tiled(q, k, v, causal, bq, bk):
     return R.attention_naive(q, k, v, causal)
 """, "grade('online_softmax', two_pass)", "grade('attention_tiled', naive_tiled)"])
+    # a kernel that stores one element past every row (into the grader's padding, right values inside),
+    # with the stray-write report of its own process switched off
+    _nb(cls / "mallory_canary" / "work.ipynb", [HEAD + """
+import importlib
+import triton, triton.language as tl
+P2 = importlib.import_module("flashlab.grader.exercises.part2")
+P2._strays = lambda *a, **k: []
+P2.stray_writes = lambda *a, **k: None
+@triton.jit
+def smax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * sxm + cols * sxn, mask=cols < N, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=cols < N + 1)
+def softmax(x, y):
+    smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), BLOCK=triton.next_power_of_2(x.shape[1] + 1))
+grade('softmax_kernel', softmax)
+"""])
     # speaking the wire itself: forged outcomes, forged verdicts, garbage, pickle, huge sizes
     _nb(cls / "mallory_wire" / "work.ipynb", [HEAD + """
 import socket, struct, json, pickle
@@ -369,6 +388,8 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
         assert v("mallory_forge", ex) == "fail", ex
     assert v("mallory_run", "online_softmax") == "fail" and v("mallory_run", "attention_tiled") == "fail"
     assert "wrong algorithm" in by["mallory_run"].grades["online_softmax"]["message"]
+    assert v("mallory_canary", "softmax_kernel") == "fail"          # the grader checks the padding itself
+    assert "wrote out of bounds" in by["mallory_canary"].grades["softmax_kernel"]["message"]
     assert v("mallory_wire", "online_softmax") == "fail"
     assert v("mallory_wire", "online_softmax_update") == "error"
     for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
@@ -543,15 +564,16 @@ PEEK = """def read(p):
         return b""
 host = [p.encode() for p in (T["pkg"], T["root"], T["cls"], "flashlab-batch-")]
 cmdline, mountinfo = read("/proc/1/cmdline"), read("/proc/self/mountinfo")
-leaks = [p for p in host if p in cmdline] + [p for p in host[:3] if p in mountinfo]
+leaks = [p for p in host if p in cmdline + mountinfo]
 print(found, leaks)
 """
 
 
 def test_no_key_crosses_notebooks_and_no_host_path_shows(tmp_path):
     """One slot (--jobs 1): the first notebook stores keys in its user and session keyrings, the second
-    looks for them and for the host's paths in PID 1's command line and its mountinfo; it answers
-    rightly only if it found something."""
+    looks for them and for the host's paths in PID 1's command line and its mountinfo (flashlab, the
+    repository, the class folder, the grader's temporary folders `flashlab-batch-…`);
+    it answers rightly only if it found something."""
     cls = tmp_path / "class"
     t = dict(pkg=str(PKG), root=str(ROOT), cls=str(cls))
     _nb(cls / "a_plant.ipynb", [HEAD + KEYS + "print(add_key(b'flashlab-left', -4), add_key(b'flashlab-sess', -3))"])

@@ -123,3 +123,30 @@ def test_a_load_past_the_end_is_reported_even_when_its_values_are_discarded():
     assert "past the edges of `q`" in str(r), str(r)
     r = grade("flash_forward", make_forward(), seed=2)
     assert r.passed, str(r)
+
+
+@pytest.mark.parametrize("acc16,named", [(1, "a tl.dot accumulates in float16"), (2, None)])
+def test_a_float16_accumulator_fails_naming_the_rule(acc16, named):
+    """acc allocated in the inputs' dtype (tl.dot then accumulates in float16: the interpreter names it),
+    or rounded to it after every tile (the dot in float32): the case with V ~ 2000 over 128 nearly equally
+    weighted keys overflows such an acc (inf), and the report says which rule."""
+    with np.errstate(all="ignore"):
+        r = grade("flash_forward", make_forward(acc16=acc16), seed=22)
+    assert not r.passed
+    assert any("a 16-bit accumulator fails this case" in h and "keep acc in float32" in h for h in r.hints), str(r)
+    assert any("65504" in c.params for c in r.cases if not c.passed)
+    if named:
+        assert named in str(r), str(r)
+
+
+def test_the_accumulator_case_overflows_only_a_float16_accumulator():
+    """On fresh draws: the unnormalised sum of P V (P = e^(S - row max), what acc holds after the last
+    tile) passes 65504 on every row while O stays near 2000 (representable), so a float16 acc is inf
+    whatever the tile size."""
+    from flashlab.grader.exercises.part2 import _acc_overflow_case
+    for seed in range(5):
+        case = _acc_overflow_case(np.random.default_rng(seed))
+        q, k, v = (case.inputs[n][0, 0].double().numpy() for n in "qkv")
+        s = q @ k.T / 4.0
+        p = np.exp(s - s.max(1, keepdims=True))
+        assert (p @ v).min() > 65504 and np.abs((p @ v) / p.sum(1, keepdims=True)).max() < 3000

@@ -248,6 +248,33 @@ def test_out_of_bounds_write_is_caught():
     assert any("out-of-bounds write" in "\n".join(c.details) for c in r.cases if not c.passed)
 
 
+def test_the_grader_checks_the_padding_itself_on_the_buffers_that_come_back():
+    """A store one element past each row, with the run's own stray-write report switched off in the
+    process that ran it (the child): the grader finds the overwritten padding on the buffers the child
+    sends back; a run that sends none back fails too."""
+    r = grade("softmax_kernel", _softmax_hiding(), seed=14)
+    assert not r.passed and any("were overwritten" in "\n".join(c.details) for c in r.cases), str(r)
+    r = grade("softmax_kernel", _softmax_hiding(send_back=False), seed=14)
+    assert not r.passed and any("did not come back whole" in "\n".join(c.details) for c in r.cases), str(r)
+
+
+def _softmax_hiding(send_back=True):
+    """softmax_kernel storing one element past each row, the run's own stray report switched off (and,
+    without ``send_back``, no buffer sent back either)."""
+    import importlib
+
+    from buggy_primer import make_softmax
+    part2 = importlib.import_module("flashlab.grader.exercises.part2")
+    inner = make_softmax(store_past=True)
+
+    def softmax(x, y):
+        part2._strays = lambda *a, **k: []
+        if not send_back:
+            part2.returned = lambda buffers: {}
+        inner(x, y)
+    return softmax
+
+
 def test_out_of_bounds_read_shows_nan_hint():
     r = grade("flash_forward", make_forward(mask_tail=False), seed=15)
     assert not r.passed

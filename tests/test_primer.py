@@ -165,3 +165,13 @@ def test_a_kernel_failure_offers_to_trace_the_kernel_and_a_numpy_one_does_not():
     assert grade("softmax_kernel", make_softmax()).trace_hint() == ""           # nothing to offer on a pass
     numpy_fail = grade("attention_naive", lambda q, k, v, causal: q * 0)
     assert not numpy_fail.passed and "trace" not in str(numpy_fail)
+
+
+def test_a_softmax_summing_in_float16_is_named():
+    """x kept in float16 (only tl.exp, which takes float32 alone, sees float32): the values pass the
+    tolerance in the interpreter, so the interpreter's record of the dtype tl.sum adds in names it."""
+    r = grade("softmax_kernel", make_softmax(no_upcast=True), seed=5)
+    assert not r.passed
+    bad = [c for c in r.cases if not c.passed]
+    assert bad and all("fp16" in c.params for c in bad), str(r)
+    assert "a tl.sum adds float16 values" in str(r), str(r)

@@ -185,7 +185,7 @@ class Grader:
                 "TRITON_CACHE_DIR": os.path.join(home, ".triton"),
                 "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, self.cfg.jobs))),
                 "PYTHONPATH": iso.PKG if self.mode == "sandbox" else os.path.dirname(self.pkg),
-                P.SOCKET_ENV: os.path.join(ctl, "grader.sock")}
+                P.SOCKET_ENV: os.path.join(ctl, iso.SOCKET_NAME)}
         for k in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
             if k in os.environ:
                 base[k] = os.environ[k]
@@ -208,10 +208,15 @@ class Grader:
             json.dump({"argv": [self.python, "-s", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
                        "display_name": "flashlab batch grading", "language": "python"}, f)
         os.chmod(os.path.join(kdir, "kernel.json"), 0o644)
+        # weak mode: the listening socket in the control folder.  In a sandbox the sandbox makes it on its
+        # own tmpfs and sends it back (isolation.Plan.listen_fd); the one here, outside the control folder,
+        # is only what the grader listens on if that never comes (no sandbox can reach it)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(os.path.join(ctl, "grader.sock"))
-        os.chmod(os.path.join(ctl, "grader.sock"), 0o666)
+        where = ctl if self.mode != "sandbox" else d
+        listener.bind(os.path.join(where, iso.SOCKET_NAME))
+        os.chmod(os.path.join(where, iso.SOCKET_NAME), 0o666)
         listener.listen(16)
+        chan = None
         log = os.open(os.path.join(d, "log"), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         if self.mode == "sandbox":
             home, ctl_in = iso.HOME, iso.CTL
@@ -229,20 +234,21 @@ class Grader:
             cgroups = iso.make_cgroups(f"flashlab-{os.getpid()}-{os.path.basename(d)}", self.cfg.limits) \
                 if self.cgroups else []
             self._cgroups[d] = cgroups
+            chan = socket.socketpair()
             plan = iso.Plan(root=root, ctl=ctl, pkg=self.pkg, python=self.python, trees=iso.python_trees(),
                             argv=argv, env=env, uid=uid, gid=uid, limits=asdict(self.cfg.limits),
-                            devices=iso.gpu_devices(), cgroups=cgroups)
+                            devices=iso.gpu_devices(), cgroups=cgroups, listen_fd=chan[1].fileno())
             with open(os.path.join(d, "plan.json"), "w") as f:
                 json.dump(asdict(plan), f)
             cmd, cwd = iso.sandbox_command(os.path.join(d, "plan.json")), d
         else:
             cmd, cwd = iso.weak_command(argv, self.cfg.limits), home
-        return d, cmd, cwd, env, listener, log
+        return d, cmd, cwd, env, listener, log, chan
 
-    def _spawn(self, cmd, cwd, env, log):
+    def _spawn(self, cmd, cwd, env, log, pass_fds=()):
         proc = subprocess.Popen(cmd, cwd=cwd, env=env if self.mode == "weak" else {"PATH": "/usr/bin:/bin"},
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, close_fds=True,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=tuple(pass_fds))
         with self.lock:
             self.live[proc.pid] = proc
         return proc
@@ -338,13 +344,19 @@ class Grader:
         """Run ``data`` (a notebook) in a sandbox, serving its grade() calls until it ends."""
         start = time.monotonic()
         timeout = SELFTEST_TIMEOUT if selftest else self.cfg.timeout   # (a short --timeout is for students)
-        d, cmd, cwd, env, listener, log = self._prepare(
+        d, cmd, cwd, env, listener, log, chan = self._prepare(
             slot, data, ["{ctl}/submission.ipynb", str(timeout), iso.KERNEL_NAME])
         run = _Run(start + timeout)
         run.selftest = selftest
         proc = None
         try:
-            proc = self._spawn(cmd, cwd, env, log)
+            try:
+                proc = self._spawn(cmd, cwd, env, log, pass_fds=[chan[1].fileno()] if chan else [])
+            finally:
+                if chan:
+                    chan[1].close()
+            if chan:
+                listener = _listener_from(chan[0], proc, run.deadline) or listener
             timed_out = self._serve(proc, listener, run)
             code = proc.poll()
             self._kill(proc)
@@ -353,6 +365,8 @@ class Grader:
             if proc is not None and proc.poll() is None:
                 self._kill(proc)
             listener.close()
+            if chan:
+                chan[0].close()
             os.close(log)
             log_tail = _tail(os.path.join(d, "log"), 2000)
             cgroups = self._cgroups.pop(d, [])
@@ -553,6 +567,33 @@ class Grader:
     def close(self):
         self.kill_all()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _listener_from(chan, proc, deadline):
+    """The listening socket a sandbox made for the grader (isolation.Plan.listen_fd), or None if the sandbox
+    ends, or sends something else, before it comes."""
+    import select
+    import socket
+    while time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([chan], [], [], 0.2)
+        if not ready:
+            continue
+        try:
+            msg, fds, _, _ = socket.recv_fds(chan, 16, 2)
+        except OSError:
+            return None
+        for extra in fds[1:]:
+            os.close(extra)
+        if msg != b"L" or len(fds) != 1:
+            if fds:
+                os.close(fds[0])
+            return None
+        s = socket.socket(fileno=fds[0])
+        if s.family != socket.AF_UNIX or s.type != socket.SOCK_STREAM:
+            s.close()
+            return None
+        return s
+    return None
 
 
 WORK_PREFIX = "flashlab-batch-"

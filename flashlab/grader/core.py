@@ -22,6 +22,7 @@ class Case:
     inputs: dict                     # the data (NumPy arrays or torch tensors)
     visible: bool = False
     large: bool = False              # logits large enough that exp overflows without the max
+    precision: str = ""              # a case only 16-bit arithmetic fails: what to say when it fails
 
     def describe(self) -> str:
         p = self.params
@@ -313,6 +314,17 @@ def _not_run(result: Result, cases, first: int, hidden_no: int) -> None:
                                        f"not run (incomplete: {n_run} of {len(cases)} cases ran)"))
 
 
+def _check_buffers(ex: Exercise, case: Case, out: dict) -> None:
+    """The padded buffers' canaries, checked here on the buffers the run sent back (``_buffers``), against
+    the layout this process makes for the case itself: writes around a buffer, unwritten output elements,
+    modified inputs.  What the run reported of them stays and can only add."""
+    from . import memory
+    buffers = out.pop("_buffers", None)
+    layout = memory.layout_of(ex.run, case)
+    if layout:
+        memory.merge_checks(out, *memory.check_returned(layout, buffers))
+
+
 def local_executor(ex: Exercise, candidate, deadline: float | None = None):
     """How a candidate is run in the learner's own session: ``execute(kind, case) -> Outcome``
     with kind "run" (``ex.run``) or "probe" (``ex.probe``), in a forked child when the exercise
@@ -366,6 +378,8 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
             cr.details = outcome.error.splitlines()
         else:
             out = outcome.value
+            if ex.needs_triton and isinstance(out, dict):
+                _check_buffers(ex, case, out)
             ref = ex.reference(case)
             ok, msg, details, max_err = compare(ex, case, out, ref)
             if ok or max_err == 0:          # the values are right (a requirement may still be missed)
@@ -399,10 +413,17 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
         diagnosed = diagnose(ex, *failure, passed=passed)
         if diagnosed is not None:
             break
+    plain = []                           # (result, case) of the cases not built for a precision rule
+    for case_result, case in zip(result.cases, cases):   # a precision case names the rule it was built for
+        said = getattr(case, "precision", "")
+        if not said:
+            plain.append((case_result, case))
+        elif case_result.status == "fail" and said not in result.hints:
+            result.hints.append(said)
     if diagnosed is not None:
         result.hints.append(f"This looks like a known bug, {diagnosed.title}: {diagnosed.hint}")
-    else:
-        result.hints += symptom_hints(ex, result.cases, cases)
+    elif plain:   # the symptoms of the other cases (a precision case's inf says nothing about masks or strides)
+        result.hints += symptom_hints(ex, [r for r, _ in plain], [c for _, c in plain])
     if stopped:
         result.hints.insert(0, stopped)
     if any(c.status == "fail" and c.message == WRONG_ALGORITHM for c in result.cases) and diagnosed is None:

@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 
 HOME = "/home/student"
 CTL = "/run/flashlab"                    # read-only: notebook, kernel spec, socket
+SOCKET_NAME = "grader.sock"              # the grader's socket, in CTL
 PKG = "/opt/flashlab"                    # read-only: the flashlab package, on PYTHONPATH
 KERNEL_NAME = "flashlab-batch"
 UID_BASE = 2_100_000_000                 # slot k runs as UID_BASE + k: a uid that owns nothing here
@@ -81,6 +82,8 @@ class Plan:
     limits: dict = field(default_factory=lambda: asdict(Limits()))
     devices: list = field(default_factory=list)   # extra device nodes (GPU)
     cgroups: list = field(default_factory=list)   # cgroup folders the sandbox joins first
+    listen_fd: int = -1            # a socket to the grader: the sandbox makes the grader's listening socket
+                                   # at CTL/grader.sock (on its own tmpfs) and sends it back through this
 
 
 class IsolationError(RuntimeError):
@@ -361,9 +364,28 @@ def _build_root(plan: Plan):
             elif stat.S_ISREG(os.lstat(src).st_mode):
                 shutil.copyfile(src, os.path.join(inside, f), follow_symlinks=False)
                 os.chmod(os.path.join(inside, f), 0o644)
+    if plan.listen_fd >= 0:
+        _listen_for_grader(plan.listen_fd, new + CTL + "/" + SOCKET_NAME)
     _mount(None, new + CTL, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot(new)
     _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _listen_for_grader(chan_fd: int, path: str):
+    """Bind the grader's listening socket at ``path`` (on the sandbox's own tmpfs: the sandbox's mountinfo
+    then names no host folder for it) and hand it to the grader through ``chan_fd``; keep no copy."""
+    chan = socket.socket(fileno=chan_fd)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.bind(path)
+            os.chmod(path, 0o666)
+            s.listen(16)
+            socket.send_fds(chan, [b"L"], [s.fileno()])
+        finally:
+            s.close()
+    finally:
+        chan.close()
 
 
 def _drop_and_exec(plan: Plan):

@@ -11,7 +11,9 @@ and the compiled ``JITFunction.run``; while one runs, Triton's own torch calls a
 candidate's.  A candidate that launches no kernel at all is told so.  In the interpreter, every
 masked-on lane of every ``tl.load`` is checked against the grader's padding: a load past a
 tensor's edge is reported even when its values are discarded (Q loaded without its row mask,
-whose rows past Nq are never stored).
+whose rows past Nq are never stored).  The interpreter also reports the dtypes a ``tl.dot`` accumulates
+in and a ``tl.sum`` adds in: the contracts ask for float32 accumulators and float32 row sums (softmax,
+Delta) with 16-bit inputs, and a 16-bit one is named.
 
 Like the other checks that run inside the learner's process, under batch grading this is the
 sandbox's account: a notebook that switches it off loses only this check (its values are still
@@ -54,6 +56,7 @@ class KernelWatch(TorchFunctionMode):
         self.inside = 0
         self.ops = []                    # (function name, tensor name), outside launches
         self.padding_reads = {}          # tensor name -> elements of its padding a load read (masked-on lanes)
+        self.low_precision = {}          # "dot" / "sum" -> the 16-bit dtype a tl.dot accumulated / a tl.sum added in
 
     def loaded(self, addresses) -> None:
         """The interpreter loads from these addresses (the lanes its mask lets through)."""
@@ -92,8 +95,25 @@ class KernelWatch(TorchFunctionMode):
                     self.ops.append((_public_name(func, name), hit))
         return func(*args, **kwargs)
 
+    def low(self, op, dtype) -> None:
+        """The interpreter ran ``op`` ("dot": a tl.dot's accumulator, "sum": a tl.sum's operand) in ``dtype``."""
+        name = getattr(getattr(dtype, "scalar", dtype), "name", str(dtype))
+        if name in ("fp16", "bf16"):
+            self.low_precision.setdefault(op, {"fp16": "float16", "bf16": "bfloat16"}[name])
+
     def violations(self, outputs) -> list:
         out = []
+        dt = self.low_precision.get("dot")
+        if dt:
+            out.append(f"a tl.dot accumulates in {dt} (its accumulator, or out_dtype, is {dt}): accumulate in "
+                       f"float32 (acc = tl.zeros(..., dtype=tl.float32), and dq, dk, dv alike) and convert to the "
+                       f"output's dtype only when storing; a {dt} accumulator rounds after every tile and "
+                       f"overflows past {'65504' if dt == 'float16' else '3e38'}.")
+        dt = self.low_precision.get("sum")
+        if dt:
+            out.append(f"a tl.sum adds {dt} values: upcast with .to(tl.float32) before reducing (the softmax's "
+                       f"row sum, Delta = rowsum(dO * O)): a {dt} sum rounds after every addition and "
+                       f"{'overflows past 65504' if dt == 'float16' else 'keeps 8 bits'}.")
         for name, n in self.padding_reads.items():
             out.append(f"a load read {n} element(s) past the edges of `{name}` (the grader's padding around it), "
                        f"even if those values were then discarded: on a GPU such a read can fault or read another "
@@ -164,6 +184,33 @@ def _wrap_launchers(watch_stack):
             return __orig(self, ptrs, mask, other, *a, **k)
         builder.create_masked_load = masked_load
         _PATCHED.append((builder, "create_masked_load", orig_load))
+
+        orig_dot = builder.create_dot            # the accumulator's dtype is the dot's output dtype
+
+        def create_dot(self, a, b, d, *rest, __orig=orig_dot, **k):
+            w = watch_stack[-1] if watch_stack else None
+            if w is not None:
+                w.low("dot", getattr(d, "dtype", None))
+            return __orig(self, a, b, d, *rest, **k)
+        builder.create_dot = create_dot
+        _PATCHED.append((builder, "create_dot", orig_dot))
+    except Exception:  # pragma: no cover - no interpreter
+        pass
+    try:                                         # reductions, in the interpreter: the dtype tl.sum adds in
+        import triton.language as tl
+        from triton.runtime.interpreter import ReduceOps
+        orig_apply = ReduceOps.apply_impl
+
+        def apply_impl(self, input, __orig=orig_apply):
+            w = watch_stack[-1] if watch_stack else None
+            if w is not None and self.combine_fn is tl.standard._sum_combine:
+                try:
+                    w.low("sum", input[0].dtype)
+                except Exception:                # pragma: no cover - a layout of operands not seen here
+                    pass
+            return __orig(self, input)
+        ReduceOps.apply_impl = apply_impl
+        _PATCHED.append((ReduceOps, "apply_impl", orig_apply))
     except Exception:  # pragma: no cover - no interpreter
         pass
     for cls, attr in targets:
@@ -190,6 +237,8 @@ _STACK: list = []
 def watch(tensors: dict, outputs=()):
     """``with watch({"x": x_padded, ...}) as w: candidate(...)``; then ``w.violations(outputs)``.  The values are
     the grader's Padded buffers (or plain tensors: then only the torch and launch checks)."""
+    from .memory import hand_over
+    hand_over(tensors, outputs)          # (the grader recording the buffers' layout: the run stops here)
     _wrap_launchers(_STACK)
     w = KernelWatch(tensors, outputs)
     _STACK.append(w)

@@ -23,7 +23,7 @@ from ...bounds import causal_tile_ranges
 from .. import kernel_bugs as KB
 from .. import launches, ranking
 from ..core import Bug, Case, Exercise
-from ..memory import SENTINEL, output_buffer, padded, stray_writes, unwritten
+from ..memory import SENTINEL, hand_over, output_buffer, padded, returned, stray_writes, unwritten
 from . import register
 from .part1 import _attn_bugs, _heat_from_mass, _probe_v
 
@@ -143,7 +143,8 @@ def _softmax_run(f, case):
         f(x.view, y.view)
     _sync()
     return {"y": _f64(y.view), "_stray": _strays({"x": x}, {"y": y}, case),
-            "_unwritten": {"y": unwritten(y).cpu().numpy()}, "_violations": w.violations(["y"])}
+            "_unwritten": {"y": unwritten(y).cpu().numpy()}, "_violations": w.violations(["y"]),
+            "_buffers": returned({"x": x, "y": y})}
 
 
 def softmax_rows(x: np.ndarray, extra_zeros: int = 0, subtract_max: bool = True, dtype=np.float64):
@@ -271,7 +272,8 @@ def _matmul_run(f, case):
         f(a, b, c.view)
     _sync()
     return {"c": _f64(c.view), "_stray": _strays(ins, {"c": c}, case),
-            "_unwritten": {"c": unwritten(c).cpu().numpy()}, "_violations": w.violations(["c"])}
+            "_unwritten": {"c": unwritten(c).cpu().numpy()}, "_violations": w.violations(["c"]),
+            "_buffers": returned({**ins, "c": c})}
 
 
 def _matmul_ref(case):
@@ -431,7 +433,31 @@ def _kernel_cases(rng, backward=False):
         if layout != "BHND":
             params["layout"] = layout
         cases.append(KernelCase(params, t, vis, large))
+    if not backward:
+        cases.append(_acc_overflow_case(rng))
     return cases
+
+
+FP16_ACC = ("Only a 16-bit accumulator fails this case ({}), and yours does: keep {} in float32 "
+            "(tl.zeros(..., dtype=tl.float32)) and add every tile's tl.dot to it in float32; convert to the "
+            "output's dtype once, when storing.")
+
+
+def _acc_overflow_case(rng):
+    """fp16, V ~ 2000 with one sign, Q ~ 1e-3 (attention nearly uniform over 128 keys): the unnormalised
+    sum of P V reaches ~2.6e5, past float16's 65504, after a few tiles, while O ~ 2000 is representable.
+    A float32 acc gets O to fp16's rounding; an acc kept in float16 (allocated so, or rounded every tile)
+    turns into inf."""
+    b, h, nq, nk, d = 1, 1, 16, 128, 16
+    q = 1e-3 * rng.standard_normal((b, h, nq, d))
+    k = rng.standard_normal((b, h, nk, d))
+    v = 2000.0 + 20.0 * rng.standard_normal((b, h, nk, d))
+    t = {n: torch.from_numpy(x).to(device=device.DEVICE, dtype=torch.float16)
+         for n, x in (("q", q), ("k", k), ("v", v))}
+    params = {"B": b, "H": h, "Nq": nq, "Nk": nk, "D": d, "causal": False, "dtype": "fp16",
+              "check": "V ~ 2000: the running sum of P V passes 65504"}
+    return KernelCase(params, t, False, False,
+                      FP16_ACC.format("the running sum of P V reaches ~2.6e5, past float16's largest 65504", "acc"))
 
 
 def _f64(t):
@@ -514,7 +540,8 @@ def _fwd_run(f, case, v_override=None):
         strays += _input_strays(ins, case)
     return {"o": _f64(o.view), "lse": _f64(lse.view), "_stray": [str(s) for s in strays],
             "_unwritten": {"o": unwritten(o).cpu().numpy(), "lse": unwritten(lse).cpu().numpy()},
-            "_violations": w.violations(["o", "lse"])}
+            "_violations": w.violations(["o", "lse"]),
+            "_buffers": returned({**ins, "o": o, "lse": lse}) if v_override is None else {}}
 
 
 def _fwd_probe(f, case):
@@ -830,10 +857,12 @@ def _staged_run(f, case, with_causal: bool):
     q = ins["q"].view
     o = _guard_4d("o", torch.full(q.shape, SENTINEL[q.dtype], dtype=q.dtype, device=q.device),
                   p.get("layout", "BHND"), SENTINEL[q.dtype])
+    hand_over({**ins, "o": o}, outputs=("o",))
     f(q, ins["k"].view, ins["v"].view, o.view, *((p["causal"],) if with_causal else ()))
     _sync()
     strays = [s for s in (stray_writes(o),) if s] + _input_strays(ins, case)
-    out = {"o": _f64(o.view), "_stray": [str(s) for s in strays], "_unwritten": {"o": unwritten(o).cpu().numpy()}}
+    out = {"o": _f64(o.view), "_stray": [str(s) for s in strays], "_unwritten": {"o": unwritten(o).cpu().numpy()},
+           "_buffers": returned({**ins, "o": o})}
     if with_causal and _skips_tiles(case):
         out["_violations"] = skipping_violations(f, case)
     return out

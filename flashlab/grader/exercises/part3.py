@@ -16,10 +16,10 @@ from .. import bugs_backward as BB
 from .. import kernel_bugs as KB
 from .. import launches, ranking
 from ..core import Bug, Case, Exercise
-from ..memory import SENTINEL, padded, stray_writes, unwritten
+from ..memory import SENTINEL, padded, returned, stray_writes, unwritten
 from . import register
-from .part2 import (_TORCH_DTYPES, KernelCase, _f64, _fwd_ref, _guard_4d, _input_strays, _kernel_cases, _kernel_locate,
-                    _kernel_tol, _sync, layouts_of)
+from .part2 import (_TORCH_DTYPES, FP16_ACC, KernelCase, _f64, _fwd_ref, _guard_4d, _input_strays, _kernel_cases,
+                    _kernel_locate, _kernel_tol, _sync, layouts_of)
 
 def _bwd_inputs(case):
     """O (in the input dtype) and LSE (float32) from the float64 reference, as the forward would give."""
@@ -56,8 +56,43 @@ def _bwd_cases(rng):
         elif layout != "bhnd":
             params["layout"] = layout
         cases.append(KernelCase(params, t, False, s_max is not None))
+    cases += _precision_cases(rng)
     for case in cases:
         case.inputs["o"], case.inputs["lse"] = _bwd_inputs(case)
+    return cases
+
+
+def _precision_cases(rng):
+    """Two fp16 cases that only 16-bit arithmetic fails, with every input and gradient representable.
+
+    Delta: dO ~ 80 and V ~ 80 (so O ~ 80) of one sign, D = 16: Delta = rowsum(dO o O) ~ 1e5, past float16's
+    65504; computed or stored in float16 it is inf, and so are the gradients.  V's spread (~20) keeps
+    dP - Delta ~ 6e3 well above what O's own float16 rounding moves Delta by (a few units).
+    dQ: Q ~ 1e-3 (P nearly uniform), keys 0..127 at ~1000 with V ~ +40, keys 128..255 at ~750 with V ~ -40:
+    dQ_i = scale sum_j dS_ij K_j runs through ~8e4 after the first 128 keys (whatever the tile size, up to
+    128) and ends at ~2e4; accumulated in float16 it is inf."""
+    b, h, nq, d = 1, 1, 16, 16
+    out = []
+    nk = 64
+    q, k = 0.5 * rng.standard_normal((b, h, nq, d)), rng.standard_normal((b, h, nk, d))
+    v, do = 80.0 + 20.0 * rng.standard_normal((b, h, nk, d)), 80.0 + rng.standard_normal((b, h, nq, d))
+    out.append(({"q": q, "k": k, "v": v, "do": do}, nk, "dO, O ~ 80: Delta ~ 1e5 passes 65504",
+                "Only a 16-bit Delta fails this case (Delta = rowsum(dO * O) ~ 1e5, past float16's "
+                "largest 65504), and yours does: load O and dO with .to(tl.float32), sum in float32, and store "
+                "Delta in a float32 buffer (torch.empty(..., dtype=torch.float32)), whatever the inputs' dtype."))
+    nk, half = 256, 128
+    q = 1e-3 * rng.standard_normal((b, h, nq, d))
+    k = np.concatenate([1000.0 + rng.standard_normal((b, h, half, d)), 750.0 + rng.standard_normal((b, h, half, d))], 2)
+    v = np.concatenate([40.0 + rng.standard_normal((b, h, half, d)), -40.0 + rng.standard_normal((b, h, half, d))], 2)
+    do = 1.0 + 0.1 * rng.standard_normal((b, h, nq, d))
+    out.append(({"q": q, "k": k, "v": v, "do": do}, nk, "K ~ 1000: the running dQ passes 65504",
+                FP16_ACC.format("the running dQ passes ~8e4, past float16's largest 65504, before ending at ~2e4",
+                                "dq (and dk, dv)")))
+    cases = []
+    for arrays, nk, check, said in out:
+        t = {n: torch.from_numpy(x).to(device=device.DEVICE, dtype=torch.float16) for n, x in arrays.items()}
+        params = {"B": b, "H": h, "Nq": nq, "Nk": nk, "D": d, "causal": False, "dtype": "fp16", "check": check}
+        cases.append(KernelCase(params, t, False, False, said))
     return cases
 
 
@@ -136,6 +171,7 @@ def _bwd_run(f, case):
     res["_stray"] = [str(s) for s in strays]
     res["_unwritten"] = {n: unwritten(b).cpu().numpy() for n, b in outs.items()}
     res["_violations"] = w.violations(["dq", "dk", "dv"])
+    res["_buffers"] = returned({**ins, **outs})
     for n in ("dq", "dk", "dv"):      # what was never written is NaN, not the sentinel, for the diagnosis
         res[n][res["_unwritten"][n]] = np.nan
     return res
