@@ -10,7 +10,10 @@
 #                                             the variants', decoding's and the ring's tests and every solution
 #                                             notebook on the GPU; then notebook 04 executed for the site, ring
 #                                             attention's step timings, decoding beside SDPA and Flex, the tiny
-#                                             call's host profile (pytest-xdist and the notebook packages needed)
+#                                             call's host profile (pytest-xdist and the notebook packages needed,
+#                                             installed INTO the interpreter's environment, e.g. `python3 -m pip
+#                                             install --no-index --no-deps .whl/*.whl`: graded notebooks run with
+#                                             the interpreter's own packages and flashlab, never PYTHONPATH)
 # Each step has a time limit; its last lines are printed, its whole output kept in OUTDIR.
 set -u
 out=${1:-.out}; part=${2:-a}

@@ -25,6 +25,9 @@ them, and prints a short table last.  Shapes: N = 4096, 16384 and D = 64, 128, c
 It then calls ``leaderboard("flash_forward", fn)`` in its own process, as a learner's notebook does,
 for the solution kernel at N = 4096 (``--no-notebook`` skips it).
 
+The graded notebooks run with the interpreter's own packages and flashlab only (the grader never passes
+PYTHONPATH on): nbformat, nbclient and ipykernel must be installed into that interpreter's environment.
+
 Writes into OUT: leaderboard.csv, leaderboard.png, leaderboard_notebook.png, grades/ (grades.csv, summary.txt, results.jsonl),
 grade.log (the command's output), checks.json (each check and whether it held).
 """

@@ -267,7 +267,11 @@ def test_bad_inputs():
         (ValueError, "softcap", lambda: flash_decode(q, k, v, softcap=0.0)),
         (ValueError, "empty", lambda: flash_decode(q[:, :, :0], k, v)),
     ]
+    reads_values = ("cache_seqlens must lie", "outside")   # checked on the host only for CPU tensors (no sync)
     for exc, msg, call in cases:
+        if DEV.type == "cuda" and msg in reads_values:
+            call()             # on a GPU the kernel clamps instead (decode.py's docstring): no error, no bad read
+            continue
         with pytest.raises(exc, match=msg):
             call()
 

@@ -307,6 +307,9 @@ class Grader:
             told = (run.finished[1] if run.finished else "") or ""
             errors = "; ".join(f"cell {c}: {e}" for c, e in run.cell_errors[:3])
             lines = [l for l in (errors, told) if l] + res["log_tail"].strip().splitlines()[-8:]
+            if "ModuleNotFoundError" in res["log_tail"] and os.environ.get("PYTHONPATH"):
+                lines.append("(graded notebooks see the interpreter's own packages and flashlab, not this "
+                             "PYTHONPATH: install what they need into the environment of " + self.python + ")")
             raise iso.IsolationError(
                 f"the sandbox could not run Python and flashlab as an unprivileged user with {self.python} "
                 f"(a one-cell notebook graded {verdict or 'nothing'}, exit status {res['code']}"
