@@ -382,6 +382,11 @@ def test_leaderboard_stops_when_the_graded_code_cannot_use_the_gpu():
     """The self-test notebook reports whether it sees a GPU; with the leaderboard on, a sandbox that
     cannot use it (here: no GPU at all) stops the run rather than grading kernels in the interpreter."""
     from flashlab.grader import isolation
+    plain = batch.Grader(batch.Config(timeout=120, isolation="weak"))
+    try:
+        plain.selftest()          # an earlier run of the same setup, without the leaderboard: its facts are cached
+    finally:
+        plain.close()
     g = batch.Grader(batch.Config(timeout=120, isolation="weak", leaderboard=L.shapes((1024,), (64,))))
     try:
         with pytest.raises(isolation.IsolationError, match="cannot use it"):
