@@ -195,10 +195,13 @@ class _FlashAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.call, ctx.scale = call, scale
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)   # no zero-filled gradient made for lse on every backward (a kernel)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if do is None:                     # no gradient reached o (only possible without materialized grads)
+            return None, None, None, None, None
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = ctx.call.backward_of(q, k, v, o, lse, do).backward(q, k, v, o, lse, do, ctx.scale)
         return dq, dk, dv, None, None

@@ -374,10 +374,13 @@ class _VariantAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse, mask, slopes, cu_q, cu_k)
         ctx.args = (max_q, max_k, left, right, softcap, dropout_p, seed, scale, allow_tf32)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)   # no zero-filled gradient made for lse on every backward
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if do is None:
+            return (None,) * 16
         q, k, v, o, lse, mask, slopes, cu_q, cu_k = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, o, lse, do.contiguous() if do.stride(-1) != 1 else do, mask, slopes,
                                cu_q, cu_k, *ctx.args)
