@@ -296,12 +296,13 @@ def launch_cached(kern, grid, args, consts: dict, runners: dict | None, key):
                 r(args)
                 STATS["fast"] += 1
                 return
-            except TypeError:      # pragma: no cover - this Triton's runner takes other arguments
+            except TypeError:      # pragma: no cover - this Triton's runner takes other arguments: as run() does
+                global FAST
+                FAST = False
                 runners.clear()
-                runners[None] = None   # remembered: stay on kern[grid] for this caller
     compiled = kern[grid](*args, **consts)
     STATS["jit"] += 1
-    if runners is None or None in runners or compiled is None or not FAST or _raw_stream is None:
+    if runners is None or compiled is None or not FAST or _raw_stream is None:
         return
     full = {n: v for n, v in consts.items() if n not in _LAUNCH_OPTIONS}
     defaults = _defaults(kern)
