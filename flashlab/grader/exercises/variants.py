@@ -611,14 +611,14 @@ def _dropout_cases(rng):
             (37, 37, 16, 0.0, 16, 16, False), (53, 61, 16, 0.1, 8, 32, False), (1, 9, 8, 0.4, 4, 4, False),
             _MEMORY_CASE + (False,)]
     cases = []
-    for nq, nk, d, p, bq, bk, vis in spec:
+    for nq, nk, d, p_asked, bq, bk, vis in spec:
         q, k, v = rng.standard_normal((nq, d)), rng.standard_normal((nk, d)), rng.standard_normal((nk, d))
         seed = int(rng.integers(0, 2**31))
-        p = dropout_rate(p)                          # the kernels apply p in 1/256ths (one random byte a score)
+        p = dropout_rate(p_asked)                    # the kernels apply p in 1/256ths (one random byte a score)
         o, lse = _dropout_forward(q, k, v, p, keep_function(seed, p))
         do = rng.standard_normal((nq, d))
         params = {"Nq": nq, "Nk": nk, "D": d, "p": p, "block_q": bq, "block_k": bk, "seed": seed}
-        if (nq, nk, d, bq, bk) == _MEMORY_CASE[:3] + _MEMORY_CASE[4:]:
+        if (nq, nk, d, p_asked, bq, bk) == _MEMORY_CASE:
             params["check"] = "memory bound"
         cases.append(Case(params, {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do}, vis))
     return cases
