@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -594,3 +595,41 @@ def test_the_keyring_and_path_probes_are_real_without_the_sandbox(tmp_path):
                                + "grade('online_softmax', pick(found, R.online_softmax, WRONG))"])
     (row,) = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, isolation="weak")
     assert row.grades["online_softmax"]["status"] == "pass", row
+
+
+_RECURSIVE_BIND = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from flashlab.grader import isolation as iso
+base = sys.argv[2]
+src, dst = base + "/src", base + "/dst"
+os.makedirs(src + "/lib")
+iso._mount(None, "/", None, iso.MS_REC | iso.MS_PRIVATE)
+iso._mount("tmpfs", src + "/lib", "tmpfs", 0, "size=1m")           # a runtime's mount below a system folder
+open(src + "/lib/driver.so", "w").write("the driver")
+os.makedirs(base + "/lib file")
+iso._mount("tmpfs", base + "/lib file", "tmpfs", 0, "size=1m")     # a space in a mount point
+iso._bind(src, dst, recursive=True)
+iso._bind(base + "/lib file", base + "/ro file", recursive=True)
+print(open(dst + "/lib/driver.so").read())
+for path in (dst + "/x", dst + "/lib/x", base + "/ro file/x"):
+    try:
+        open(path, "w").close()
+        print("WRITABLE", path)
+    except OSError as e:
+        print("read-only" if e.errno == 30 else f"other error {e}")
+"""
+
+
+@needs_root
+def test_system_folders_are_bound_with_their_mounts_all_read_only(tmp_path):
+    """A container's GPU runtime mounts the driver's libraries one by one under /usr/lib: the sandbox binds
+    the system folders with the mounts below them (else CUDA finds empty files), each one read-only."""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    script = tmp_path / "bind.py"
+    script.write_text(_RECURSIVE_BIND)
+    out = subprocess.run(["unshare", "--mount", sys.executable, str(script), str(ROOT), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:4] == ["the driver", "read-only", "read-only", "read-only"], out.stdout

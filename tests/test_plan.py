@@ -506,3 +506,23 @@ def test_gpu_cuda_graph_capture_forward_and_backward(rng, causal):
     want = step()
     for a, b in zip(outs, want):
         assert (a.float() - b.float()).abs().max() < 1e-3
+
+
+def test_a_remembered_config_is_per_variant_and_causal_mode():
+    """A hand-picked config that compiled for one call is not taken as compiling for a call whose kernel needs
+    more shared memory: forward v4's 128 x 128 tiles fit the plain GQA call on an H200 but not a mask's tile
+    beside them (seen on the H200), so the mask's plan starts from the top of the list with its fallbacks."""
+    P.forget()
+    try:
+        gqa = P.Variant(kv_groups=4)
+        mask = P.Variant(kv_groups=4, mask="bool")
+        first = P.plan(2, 8, 1008, 1104, 128, bf16, True, variant=gqa, facts=P.H200).forward[0]
+        assert first.version == "v4" and not first.verified and first.fallbacks
+        first.fell_back(first.config, [])                       # it compiled and ran: remembered
+        again = P.plan(2, 8, 2000, 2000, 128, bf16, True, variant=gqa, facts=P.H200).forward[0]
+        assert again.verified and again.config == first.config and not again.fallbacks
+        for v, causal in ((mask, True), (gqa, False)):
+            other = P.plan(2, 8, 1008, 1104, 128, bf16, causal, variant=v, facts=P.H200).forward[0]
+            assert not other.verified and other.fallbacks, (v, causal)
+    finally:
+        P.forget()

@@ -331,7 +331,9 @@ class Grader:
         facts, also when they come from the cache of an earlier run without the leaderboard)."""
         if self.cfg.leaderboard and not facts.get("cuda"):
             raise iso.IsolationError("--leaderboard: the grader has a GPU but the code it grades cannot use it "
-                                     f"({self.describe()}: CUDA is not available there), so there is nothing to time")
+                                     f"({self.describe()}: CUDA is not available there"
+                                     + (f": {facts['cuda_error']}" if facts.get("cuda_error") else "")
+                                     + "), so there is nothing to time")
         return facts
 
     # -- one notebook ------------------------------------------------------------
@@ -614,6 +616,12 @@ from flashlab.grader import grade, protocol as P
 import flashlab
 facts = {"uid": os.getuid(), "python": sys.executable, "prefix": sys.prefix, "flashlab": flashlab.__file__,
          "cuda": flashlab.device.DEVICE.type == "cuda"}
+if not facts["cuda"]:
+    try:
+        import torch
+        torch.cuda.init()
+    except Exception as e:
+        facts["cuda_error"] = f"{type(e).__name__}: {e}"[:400]
 try:
     with open(flashlab.__file__, "a"):
         facts["flashlab_writable"] = True

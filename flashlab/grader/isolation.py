@@ -273,16 +273,45 @@ def _mount(src, dst, fstype=None, flags=0, data=None):
         raise OSError(e, f"mount {src} on {dst}: {os.strerror(e)}")
 
 
-def _bind(src, dst, readonly=True, extra=MS_NOSUID | MS_NODEV):
+def _bind(src, dst, readonly=True, extra=MS_NOSUID | MS_NODEV, recursive=False):
+    """Bind ``src`` at ``dst``.  ``recursive``: with the mounts below ``src`` too (a container's runtime mounts
+    the GPU driver's libraries file by file into /usr/lib: without them the sandbox sees empty files and
+    CUDA does not start), each of them made read-only as well."""
     if os.path.isdir(src):
         os.makedirs(dst, exist_ok=True)
     else:
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if not os.path.exists(dst):
             open(dst, "w").close()
-    _mount(src, dst, None, MS_BIND)
+    _mount(src, dst, None, MS_BIND | (MS_REC if recursive else 0))
     if readonly:
-        _mount(None, dst, None, MS_BIND | MS_REMOUNT | MS_RDONLY | extra)
+        for point in (_mounts_under(dst) if recursive else [dst]):
+            _mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | extra)
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """/proc/self/mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040 ...)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _mounts_under(path: str) -> list:
+    """The mount points at ``path`` and below it, in the order they were mounted (parents first)."""
+    with open("/proc/self/mountinfo") as f:
+        points = [_unescape_mountinfo(line.split()[4]) for line in f if line.strip()]
+    seen, out = set(), []
+    for p in points:
+        if (p == path or p.startswith(path.rstrip("/") + "/")) and p not in seen:
+            seen.add(p)
+            out.append(p)
+    return out
 
 
 def _pivot(new_root):
@@ -321,7 +350,7 @@ def _build_root(plan: Plan):
         if os.path.islink(d):
             os.symlink(os.readlink(d), new + d)
         elif os.path.isdir(d):
-            _bind(d, new + d)
+            _bind(d, new + d, recursive=True)
     # /dev: a few harmless nodes, a private /dev/shm
     os.makedirs(new + "/dev")
     _mount("tmpfs", new + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
@@ -344,7 +373,7 @@ def _build_root(plan: Plan):
            f"size={lim.home},mode=0700,uid={plan.uid},gid={plan.gid}")
     for t in plan.trees:                # after the tmpfs mounts, so that none of them hides a tree
         src, dst = (t, t) if isinstance(t, str) else t
-        _bind(src, new + dst)
+        _bind(src, new + dst, recursive=True)
     # flashlab and the control files are copies on tmpfs, not binds: the sandbox's mountinfo then names
     # no folder of the host for them (only the socket is a bind, of one file)
     shutil.copytree(plan.pkg, new + PKG + "/flashlab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -420,7 +420,8 @@ def time_remote(conn, ex, shape_list, deadline: float, turns=None) -> dict:
                 try:
                     exp = expected(timing, shape, seed, calls, timing.outputs)
                 except Exception as e:   # the grader's own reference failed (out of memory, say): not the student's
-                    rows.append(dict(base, status="error", detail=f"the grader's reference failed: {type(e).__name__}"))
+                    rows.append(dict(base, status="error",
+                                     detail=f"the grader's reference failed: {type(e).__name__}: {e}"[:300]))
                     break
                 P.send(conn, {"op": "time", "shape": shape.as_dict(), "seed": seed, "calls": calls},
                        timeout=max(1.0, deadline - time.monotonic()))

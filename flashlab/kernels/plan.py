@@ -209,6 +209,7 @@ class Step:
     reason: str = ""
     verified: bool = False        # the config compiled and ran (or was forced)
     history: list = field(default_factory=list)
+    chosen_key: tuple | None = None   # where tiles.CHOSEN remembers the config that compiled (hand-picked steps)
 
     def grid_for(self, cfg: Config) -> tuple:
         block = cfg.block_n if self.kind in ("dkdv", "bwd") else cfg.block_m
@@ -226,8 +227,9 @@ class Step:
         if cfg != self.config:
             self.history.append(f"{self.config} ran out of resources; {cfg} compiled")
         self.config, self.verified = cfg, True
-        tiles.CHOSEN[(self.kind, self.version, self.head_dim, self.tune_key[2] if self.tune_key else None,
-                      self.tune_key[3] if self.tune_key else None)] = cfg
+        key = self.chosen_key or (self.kind, self.version, self.head_dim, self.tune_key[2] if self.tune_key else None,
+                                  self.tune_key[3] if self.tune_key else None)
+        tiles.CHOSEN[key] = cfg
 
     def describe(self) -> str:
         if self.config is None:
@@ -367,14 +369,18 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     return {"fwd": "v2", "bwd": bwd}, {"fwd": fwhy, "bwd": bwhy}
 
 
-def _hand_step(kernel, kind, version, D, rows, bh, dtype, cands, facts, reason, tune_key):
-    """A step with hand-picked tiles: the first that fits, the rest as fallbacks (or a remembered pick)."""
-    chosen = tiles.CHOSEN.get((kind, version, D, dtype, facts.index))
+def _hand_step(kernel, kind, version, D, rows, bh, dtype, cands, facts, reason, tune_key, variant=None,
+               causal=False):
+    """A step with hand-picked tiles: the first that fits, the rest as fallbacks (or a remembered pick).
+    The pick is remembered per variant and causal mode too: a mask's or dropout's tiles take shared memory
+    that the plain kernel's do not, so a config that compiled for one need not compile for another."""
+    key = (kind, version, D, dtype, facts.index, variant or PLAIN, bool(causal))
+    chosen = tiles.CHOSEN.get(key)
     if chosen is not None:
         return Step(kernel, kind, version, D, rows, bh, chosen, (), False, 0, tune_key,
-                    reason + "; this config compiled and ran before here", True)
+                    reason + "; this config compiled and ran before here", True, chosen_key=key)
     return Step(kernel, kind, version, D, rows, bh, cands[0], tuple(cands[1:]), False, 0, tune_key,
-                reason, False)
+                reason, False, chosen_key=key)
 
 
 def _steps(kind_list, version, p, facts, forced, forward_lists):
@@ -412,7 +418,8 @@ def _steps(kind_list, version, p, facts, forced, forward_lists):
                 why += f"; {version} never autotunes"
             elif not tiles.AUTOTUNE:
                 why += "; FLASHLAB_AUTOTUNE=0"
-            steps.append(_hand_step(name, kind, version, D, rows, bh, dtype, cands, facts, why, tune_key))
+            steps.append(_hand_step(name, kind, version, D, rows, bh, dtype, cands, facts, why, tune_key,
+                                    p.get("variant"), causal))
     return tuple(steps)
 
 
@@ -464,7 +471,7 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
         versions["bwd"], reasons["bwd"] = "v2", (f"{versions['bwd']} wanted, but tensor descriptors need a unit last "
                                                  "stride and 16-byte aligned base and strides: v2")
     prec = tiles.dot_precision(dtype, allow_tf32)
-    p = dict(B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, n_key=bucket, prec=prec, causal=causal)
+    p = dict(B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, n_key=bucket, prec=prec, causal=causal, variant=variant)
     f_mod, b_mod = FORWARD[versions["fwd"]], BACKWARD[versions["bwd"]]
     fwd = _steps((("fwd", Nq),), versions["fwd"], p, facts, fcfg, f_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
     pre_m = INTERPRETER_TILE.block_m if facts.interpret else 64

@@ -170,7 +170,7 @@ def tuned(name: str, kernel, kind: str, candidates: list, head_dim: int, dtype, 
     return TUNED[k]
 
 
-CHOSEN: dict = {}   # (kind, version, head_dim, dtype, device index) -> hand-picked Config that compiled and ran
+CHOSEN: dict = {}   # (kind, version, head_dim, dtype, device index, variant, causal) -> hand-picked Config that compiled and ran
 BEST: dict = {}   # (kernel, version, dtype, device, N_KEY, HEAD_DIM, CAUSAL, DOT_PRECISION) -> triton.Config
 
 
