@@ -4,6 +4,7 @@ CPU (the GPU run itself: scripts/gpu_leaderboard.py)."""
 import csv
 import io
 import math
+import contextlib
 import socket
 import threading
 import time
@@ -285,6 +286,45 @@ def test_wire_times_a_right_kernel_with_the_graders_clock(on_cpu):
     res = _serve(_right, on_cpu)
     assert res["status"] == "ok" and [r["status"] for r in res["shapes"]] == ["ok", "ok"]
     assert all(r["ms"] > 0 for r in res["shapes"])
+
+
+def test_the_graders_checksum_time_is_measured_in_the_windows_turn(on_cpu, monkeypatch):
+    """The time subtracted from the clock is measured while the window has the GPU alone: measured beside other
+    notebooks' cases (--jobs 7 on an H200) it came out long and a kernel read up to 2x too fast."""
+    state, seen = {"alone": False}, []
+
+    class Turns:
+        @contextlib.contextmanager
+        def case(self):
+            yield
+
+        @contextlib.contextmanager
+        def timed(self):
+            state["alone"] = True
+            try:
+                yield
+            finally:
+                state["alone"] = False
+
+    real = L.Expected.measure
+
+    def measure(self, *a, **k):
+        seen.append((state["alone"], self.refs is not None))
+        return real(self, *a, **k)
+    monkeypatch.setattr(L.Expected, "measure", measure)
+    a, b = socket.socketpair()
+    t = threading.Thread(target=lambda: P.serve_cases(_Ex, _right, sock=a), daemon=True)
+    t.start()
+    try:
+        P.recv(b, time.monotonic() + 10)
+        res = L.time_remote(b, _Ex, on_cpu, time.monotonic() + 60, turns=Turns())
+        P.send(b, {"op": "done"}, timeout=5)
+    finally:
+        t.join(10)
+        b.close()
+    assert res["status"] == "ok" and seen == [(True, True)] * len(on_cpu)
+    exp = L.expected(_Ex.timing, on_cpu[0], 7, 2, ("o", "lse"))     # without keep: measured at once, freed
+    assert exp.refs is None and exp.checksum_seconds > 0
 
 
 def test_wire_marks_a_kernel_that_raises_or_stops(on_cpu):
