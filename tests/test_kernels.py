@@ -420,3 +420,50 @@ def test_default_versions_follow_the_measurements(monkeypatch):
         monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
         assert kernels.default_versions(fp16, 64, 4096, True)["bwd"] == "v2"      # bitwise reproducible dQ
         monkeypatch.undo()
+
+
+def test_autotuning_runs_one_call_at_a_time_across_threads():
+    """triton.autotune keeps the arguments of the call it is tuning on the (shared) wrapper, so two threads tuning
+    at once broke it (seen on an H200: a grader computing its references on four threads).  tiles.run tunes one
+    call at a time; the second thread finds the first one's pick."""
+    import threading
+    import time
+    from flashlab.kernels import plan as P, tiles
+    inside, overlaps, tunings = [0], [], []
+
+    class Best:
+        kwargs = {"BLOCK_M": 64, "BLOCK_N": 32}
+        num_warps, num_stages = 4, 2
+
+    class Tuned:   # an autotuner that notices a second caller while it tunes
+        best_config = Best()
+
+        def __getitem__(self, grid):
+            def go(*args, **consts):
+                inside[0] += 1
+                overlaps.append(inside[0] > 1)
+                tunings.append(1)
+                time.sleep(0.05)
+                inside[0] -= 1
+            return go
+
+    class Kern:
+        arg_names = ["X", "BLOCK_M", "BLOCK_N"]
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    key = ("test-tune", "v0", torch.float16, None, 4096, 64, False, "ieee")
+    tiles.BEST.pop(key, None)
+    steps = [P.Step("t v0", "fwd", "v0", 64, 300, 2, None, (), True, 3, key) for _ in range(4)]
+    threads = [threading.Thread(target=tiles.run, args=(st, Kern(), (0,), {}, st.grid_for),
+                                kwargs=dict(tuned_fn=Tuned)) for st in steps]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert not any(overlaps) and len(tunings) == 1
+        assert all(st.config == C(64, 32, 4, 2) for st in steps)
+    finally:
+        tiles.BEST.pop(key, None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -236,6 +237,12 @@ class _Runner:
         self.go(*args, *self.tail, stream=_raw_stream(self.device))
 
 
+# Autotuning from several threads at once (a grader timing a class with --jobs N computes its references so)
+# broke inside triton.autotune, which keeps the arguments of the call being tuned on the shared wrapper
+# ("'NoneType' object is not a mapping" when another thread's tuning ended first): one tuning at a time.
+_TUNING = threading.RLock()
+
+
 def run(step, kern, args, consts: dict, grid_of, runners: dict | None = None, key=None, tuned_fn=None):
     """Launch ``kern`` as the plan's ``step`` says.
 
@@ -258,13 +265,17 @@ def run(step, kern, args, consts: dict, grid_of, runners: dict | None = None, ke
                 runners.clear()
     if step.config is None and step.autotune:
         best = BEST.get(step.tune_key)
-        if best is None:           # first call for this autotuning key: tune, and note the pick in the plan
-            tuned = tuned_fn()
-            tuned[lambda m: grid_of(C(m["BLOCK_M"], m["BLOCK_N"]))](*(args(None) if callable(args) else args),
-                                                                     **consts)
-            best = BEST[step.tune_key] = tuned.best_config
-            step.picked(C(best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages))
-            return
+        if best is None:
+            with _TUNING:          # triton.autotune keeps the call's arguments on itself: one tuning at a time
+                best = BEST.get(step.tune_key)
+                if best is None:   # first call for this autotuning key: tune, and note the pick in the plan
+                    tuned = tuned_fn()
+                    tuned[lambda m: grid_of(C(m["BLOCK_M"], m["BLOCK_N"]))](
+                        *(args(None) if callable(args) else args), **consts)
+                    best = BEST[step.tune_key] = tuned.best_config
+                    step.picked(C(best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps,
+                                  best.num_stages))
+                    return
         step.picked(C(best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages))
     if step.verified:
         return _launch(kern, args, consts, step.config, grid_of, runners, key)
