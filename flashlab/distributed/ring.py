@@ -26,8 +26,9 @@ backward runs ``flashlab.attention._backward`` with the GLOBAL O and LSE (P = e^
 the softmax over all keys, and D = rowsum(dO∘O) uses the final O); dQ stays local.
 
 GQA: k and v may have H_kv heads, H % H_kv == 0 (query head h reads K/V head h // (H/H_kv)); the
-blocks travel with H_kv heads (fewer bytes), are expanded for the kernel, and dK/dV are summed over
-each group of query heads.
+blocks travel with H_kv heads (fewer bytes) and go to the kernels as they are: with H_kv < H each
+step runs forward v4 / backward v5 (``flashlab.variants``), whose programs read K/V head
+h // (H/H_kv) and sum dK/dV over each group of query heads, so no step copies K/V per query head.
 
 Bytes per step: K and V of one shard in the forward (2·B·H_kv·(N/W)·D elements of q's dtype); in
 the backward K and V again plus the float32 dK/dV accumulators.  Non-contiguous inputs are copied
@@ -123,14 +124,28 @@ def _expand_heads(t, h):
     return t if g == 1 else t.repeat_interleave(g, dim=1)
 
 
-def _sum_heads(t, h_kv):
-    """(B, H, N, D) -> (B, H_kv, N, D): the gradient of ``_expand_heads``."""
-    B, H, N, D = t.shape
-    return t if H == h_kv else t.view(B, h_kv, H // h_kv, N, D).sum(2)
+def _step_forward(q, k, v, causal, scale, allow_tf32):
+    """(O_s, LSE_s) of one block: the plain kernels, or with fewer K/V heads forward v4 (no copy of K/V)."""
+    from ..attention import _forward
+    if k.shape[1] == q.shape[1]:
+        return _forward(q, k, v, causal, scale, allow_tf32)
+    from .. import variants
+    o, lse, _ = variants._forward(q, k, v, None, None, None, None, q.shape[2], k.shape[2], -1, 0 if causal else -1,
+                                  0.0, 0.0, 0, scale, allow_tf32)
+    return o, lse
+
+
+def _step_backward(q, k, v, o, lse, do, causal, scale, allow_tf32):
+    """(dQ, dK, dV) of one block, dK/dV with k's heads (backward v5 sums each group of query heads)."""
+    from ..attention import _backward
+    if k.shape[1] == q.shape[1]:
+        return _backward(q, k, v, o, lse, do, causal, scale, allow_tf32)
+    from .. import variants
+    return variants._backward(q, k, v, o, lse, do, None, None, None, None, q.shape[2], k.shape[2], -1,
+                              0 if causal else -1, 0.0, 0.0, 0, scale, allow_tf32)
 
 
 def _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout):
-    from ..attention import _forward
     B, H, n, D = q.shape
     o = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
     lse = torch.full((B, H, n), -math.inf, device=q.device, dtype=torch.float32)
@@ -140,9 +155,10 @@ def _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout):
         _mark("fwd", step, "start")
         if step + 1 < ring.world:
             nxt, reqs = ring.pass_on(kv)                 # (1) the next block in flight during (2)-(3)
-        ke, ve = (_expand_heads(t, H) for t in kv)
+        ke, ve = kv
         for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):     # full, diagonal or none
-            o_s, lse_s = _forward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale, allow_tf32)  # (2)
+            o_s, lse_s = _step_forward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], t.causal, scale,
+                                       allow_tf32)                                                    # (2)
             _merge_into(o[:, :, t.q], lse[:, :, t.q], o_s, lse_s)                                   # (3)
         _mark("fwd", step, "compute_end")
         if reqs is not None:
@@ -153,7 +169,6 @@ def _ring_forward(q, k, v, causal, scale, allow_tf32, ring, layout):
 
 
 def _ring_backward(q, k, v, o, lse, do, causal, scale, allow_tf32, ring, layout):
-    from ..attention import _backward
     B, H, n, D = q.shape
     h_kv = k.shape[1]
     dq = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
@@ -166,19 +181,18 @@ def _ring_backward(q, k, v, o, lse, do, causal, scale, allow_tf32, ring, layout)
         _mark("bwd", step, "start")
         if step + 1 < ring.world:
             nxt, kv_reqs = ring.pass_on(kv)
-        ke, ve = (_expand_heads(t, H) for t in kv)
-        dk_s = torch.zeros((B, H, n, D), device=q.device, dtype=torch.float32)
+        ke, ve = kv
+        dk_s = torch.zeros((B, h_kv, n, D), device=q.device, dtype=torch.float32)
         dv_s = torch.zeros_like(dk_s)
         for t in L.step_plan(ring.rank, ring.world, step, n, layout, causal):
-            dq_t, dk_t, dv_t = _backward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], o[:, :, t.q],
-                                         lse[:, :, t.q].contiguous(), do[:, :, t.q], t.causal, scale,
-                                         allow_tf32)
+            dq_t, dk_t, dv_t = _step_backward(q[:, :, t.q], ke[:, :, t.kv], ve[:, :, t.kv], o[:, :, t.q],
+                                              lse[:, :, t.q].contiguous(), do[:, :, t.q], t.causal, scale,
+                                              allow_tf32)
             dq[:, :, t.q] += dq_t
             dk_s[:, :, t.kv] += dk_t
             dv_s[:, :, t.kv] += dv_t
         _mark("bwd", step, "compute_end")
         _wait(dkv_reqs)               # the accumulator that came with this block (in flight during compute)
-        dk_s, dv_s = _sum_heads(dk_s, h_kv), _sum_heads(dv_s, h_kv)
         if dkv is not None:
             dk_s, dv_s = dk_s + dkv[0], dv_s + dkv[1]
         if last:
