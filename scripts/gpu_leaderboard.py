@@ -9,7 +9,8 @@ exercise's cell, with the kernel changed:
     ada   forward: the solution kernel with 128 x 64 tiles and 8 warps
     ben   forward: the solution kernel as it is (64 x 64); backward: the solution kernels as they are
     cat   forward: the solution kernel with 32 x 32 tiles (slow)
-    dan   forward and backward: a wrapper over flashlab's own kernels (kernels.launch_forward / _backward)
+    dan   forward and backward: a wrapper over flashlab's own kernels (kernels.launch_forward / _backward):
+          right, but not the student's kernel: the clean run (flashlab.grader.clean) refuses it, "failed"
     eve   forward: ben's kernel reading at most 2048 keys: right on the grader's cases (N <= 1024),
           wrong at the timed shapes (N >= 4096): "wrong at a timed shape", never ranked
     fox   forward: every other key tile skipped (twice as fast, wrong): fails its grade, never timed
@@ -135,7 +136,7 @@ CLASS = {
     "ada": ([IMPORTS, forward_source("(128, 64)", warps=8)], {"flash_forward": "ranked"}),
     "ben": ([IMPORTS, forward_source(), backward_source()], {"flash_forward": "ranked", "flash_backward": "ranked"}),
     "cat": ([IMPORTS, forward_source("(32, 32)")], {"flash_forward": "ranked"}),
-    "dan": ([COURSE_WRAPPERS], {"flash_forward": "ranked", "flash_backward": "ranked"}),
+    "dan": ([COURSE_WRAPPERS], {"flash_forward": "failed", "flash_backward": "failed"}),   # refused: clean run
     "eve": ([IMPORTS, forward_source(max_keys=2048)], {"flash_forward": "wrong at a timed shape"}),
     "fox": ([IMPORTS, forward_source(skip_tiles=True)], {"flash_forward": "failed"}),
     "gil": ([CRASH], {"flash_forward": ("crashed", "error")}),   # the kernel died: its run "crashed", its case "error"

@@ -212,6 +212,33 @@ def softmax(x, y):
     smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), BLOCK=triton.next_power_of_2(x.shape[1] + 1))
 grade('softmax_kernel', softmax)
 """])
+    # no kernel at all (torch computes the product), with its own process's kernel checks switched off: passes
+    # in the notebook, refused by the clean run (flashlab.grader.clean), which grades the function alone
+    _nb(cls / "mallory_nokernel" / "work.ipynb", [HEAD + """
+import importlib
+L = importlib.import_module("flashlab.grader.launches")
+L.KernelWatch.violations = lambda self, outputs: []
+""", """def matmul(a, b, c):
+    c.copy_(a @ b)
+grade('matmul_kernel', matmul)
+"""])
+    # a right kernel among other cells (a hostile one included): the clean run grades it again and it passes
+    _nb(cls / "kim" / "work.ipynb", [HEAD + """
+import triton, triton.language as tl
+import flashlab.grader.launches as L
+L.KernelWatch.violations = lambda self, outputs: []
+BLOCK_EXTRA = 0
+""", """@triton.jit
+def smax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * sxm + cols * sxn, mask=cols < N, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=cols < N)
+def softmax(x, y):
+    smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), BLOCK=triton.next_power_of_2(x.shape[1]) + BLOCK_EXTRA)
+grade('softmax_kernel', softmax)
+"""])
     # speaking the wire itself: forged outcomes, forged verdicts, garbage, pickle, huge sizes
     _nb(cls / "mallory_wire" / "work.ipynb", [HEAD + """
 import socket, struct, json, pickle
@@ -391,6 +418,10 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
     assert "wrong algorithm" in by["mallory_run"].grades["online_softmax"]["message"]
     assert v("mallory_canary", "softmax_kernel") == "fail"          # the grader checks the padding itself
     assert "wrote out of bounds" in by["mallory_canary"].grades["softmax_kernel"]["message"]
+    assert v("mallory_nokernel", "matmul_kernel") == "fail"      # the clean run grades the function alone
+    assert "not graded from its code alone" in by["mallory_nokernel"].grades["matmul_kernel"]["message"]
+    assert by["mallory_nokernel"].grades["matmul_kernel"]["clean_run"] == "refused"
+    assert v("kim", "softmax_kernel") == "pass" and by["kim"].grades["softmax_kernel"]["clean_run"] == "graded"
     assert v("mallory_wire", "online_softmax") == "fail"
     assert v("mallory_wire", "online_softmax_update") == "error"
     for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
@@ -447,6 +478,17 @@ def test_the_attacks_are_real_without_the_sandbox(tmp_path):
     finally:
         server.close()
         _kill_leftovers(marker)
+
+
+def test_the_no_kernel_attack_is_real_without_the_clean_run(tmp_path):
+    """The notebook that hands matmul_kernel torch's product, with its own kernel checks switched off, passes when
+    its notebook's verdict is believed (so the FAIL above is the clean run's doing)."""
+    import shutil
+    build_class(tmp_path, f"flashlab-nk-{os.getpid()}", 9)
+    only = tmp_path / "only"
+    shutil.copytree(tmp_path / "class" / "mallory_nokernel", only / "mallory_nokernel")
+    (row,) = batch.grade_all([only], tmp_path / "out-nk", timeout=120, progress=False, clean_run=False)
+    assert row.grades["matmul_kernel"]["status"] == "pass" and "clean_run" not in row.grades["matmul_kernel"]
 
 
 LIGHT = "import time, subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)', {m!r}], " \

@@ -80,6 +80,7 @@ class Config:
     jobs: int = 1
     exercises: list | None = None          # only these exercises count (default: all)
     leaderboard: list | None = None        # shapes at which a passing kernel is timed (None: no timing)
+    clean_run: bool = True                 # a kernel exercise that passed is graded again from its code alone
     limits: iso.Limits = field(default_factory=iso.Limits)
 
 
@@ -147,6 +148,7 @@ class _Run:
         self.finished = None           # the runner's own account: (status, detail)
         self.connections = 0
         self.selftest = False          # the grader's own self-test notebook: its facts are read
+        self.clean_of = None           # the exercise a clean run grades (flashlab.grader.clean), or None
         self.facts = None
 
 
@@ -350,7 +352,7 @@ class Grader:
                     "detail": f"the grader failed on this notebook: {type(e).__name__}: {show(e)[:200]}",
                     "grades": {}, "notes": [], "seconds": 0.0}
 
-    def _run_notebook(self, slot, data: bytes, selftest: bool = False) -> dict:
+    def _run_notebook(self, slot, data: bytes, selftest: bool = False, clean_of: str | None = None) -> dict:
         """Run ``data`` (a notebook) in a sandbox, serving its grade() calls until it ends."""
         start = time.monotonic()
         timeout = SELFTEST_TIMEOUT if selftest else self.cfg.timeout   # (a short --timeout is for students)
@@ -358,6 +360,7 @@ class Grader:
             slot, data, ["{ctl}/submission.ipynb", str(timeout), iso.KERNEL_NAME])
         run = _Run(start + timeout)
         run.selftest = selftest
+        run.clean_of = clean_of
         proc = None
         try:
             try:
@@ -408,6 +411,8 @@ class Grader:
         run, code, timed_out, hit_memory, log_tail = (res[k] for k in ("run", "code", "timed_out", "hit_memory",
                                                                         "log_tail"))
         rec["grades"] = run.grades
+        for name in [n for n, v in run.grades.items() if v.get("status") == "pass" and self._clean_run_applies(n)]:
+            run.grades[name] = self._clean_run(slot, data, name, run.grades[name])
         if hit_memory:
             _note(run, f"reached the memory limit ({self.cfg.limits.memory >> 20} MiB for the whole notebook)")
         rec["notes"] = run.notes[:20]
@@ -435,6 +440,38 @@ class Grader:
                 rec["detail"] += f"; {text}"
         rec["seconds"] = round(time.monotonic() - start, 1)
         return rec
+
+    def _clean_run_applies(self, name: str) -> bool:
+        ex = self.exercises.get(name)
+        return bool(ex is not None and ex.needs_triton and self.cfg.clean_run)
+
+    def _clean_run(self, slot, data: bytes, name: str, first: dict) -> dict:
+        """A kernel exercise that passed, graded again from its code alone (flashlab.grader.clean): the function
+        handed to grade() and the kernels it launches, checked against clean.py's list and run in a fresh
+        sandbox behind the grader's own imports.  Its verdict replaces the notebook's."""
+        from . import clean
+        try:
+            source, fn = clean.extract(data, name)
+        except clean.Refused as e:
+            return {"status": "fail", "cases_passed": 0, "cases": first.get("cases", 0),
+                    "message": f"not graded from its code alone: {e}"[:300], "clean_run": "refused"}
+        except Exception as e:   # noqa: BLE001 - the notebook's text broke the extraction: never a pass
+            return {"status": "error", "cases_passed": 0, "cases": first.get("cases", 0),
+                    "message": f"the grader could not read the exercise's code ({type(e).__name__})",
+                    "clean_run": "refused"}
+        res = self._run_notebook(slot, clean.notebook(source, fn, name), clean_of=name)
+        v = res["run"].grades.get(name)
+        if v is None:
+            why = "timed out" if res["timed_out"] else (_last_line(res["log_tail"]) or f"status {res['code']}")
+            return {"status": "error", "cases_passed": 0, "cases": first.get("cases", 0),
+                    "message": f"the clean run of its code gave no verdict ({why})"[:300], "clean_run": "no verdict"}
+        v = dict(v)
+        v["clean_run"] = "graded"
+        if v.get("status") != "pass" and res["run"].cell_errors:
+            v["message"] = (f"in the clean run of its code alone: {res['run'].cell_errors[0][1]}")[:300]
+        elif v.get("status") != "pass":
+            v["message"] = ("in the clean run of its code alone: " + v.get("message", ""))[:300]
+        return v
 
     def _serve(self, proc, listener, run) -> bool:
         """Answer the sandbox's connections until it exits; True if it ran out of time."""
@@ -565,7 +602,7 @@ class Grader:
             verdict = {"status": "error", "cases_passed": 0, "cases": 0,
                        "message": f"the grader could not check the outputs ({type(e).__name__})"}
         if (self.cfg.leaderboard and verdict["status"] == "pass" and ex.timing is not None and not dead
-                and not run.selftest):
+                and not run.selftest and (run.clean_of == name or not self._clean_run_applies(name))):
             from .ranking import time_remote   # the clock and the checks are this process's
             verdict["timing"] = time_remote(conn, ex, self.cfg.leaderboard, run.deadline, self.turns)
             if verdict["timing"]["status"] in ("timed out", "crashed"):
@@ -775,18 +812,19 @@ def _load_results(out: OutDir) -> dict:
 def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = True, *,
               isolation: str = "auto", jobs: int = 1, resume: bool = False, student_pattern=None,
               exercises=None, limits: iso.Limits | None = None, log=None, leaderboard: bool = False,
-              leaderboard_shapes=None):
+              leaderboard_shapes=None, clean_run: bool = True):
     """Grade every notebook under ``paths``; returns the student rows (also written to ``out_dir``).
 
     ``leaderboard``: also time every kernel that passes a timed exercise (on a GPU; see
     :mod:`flashlab.grader.ranking`) at ``leaderboard_shapes`` (default: every N and D of the
     protocol) and write ``leaderboard.csv`` and ``leaderboard.png``; on a CPU, grade and say that
-    timing needs a GPU, writing no leaderboard."""
+    timing needs a GPU, writing no leaderboard.  ``clean_run``: a kernel exercise that passed is graded again
+    from its code alone (:mod:`flashlab.grader.clean`); off only to show what that stops (the tests)."""
     from tqdm.auto import tqdm
     from . import ranking as L
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     cfg = Config(timeout=timeout, isolation=isolation, jobs=max(1, int(jobs)), exercises=exercises,
-                 limits=limits or iso.Limits())
+                 limits=limits or iso.Limits(), clean_run=clean_run)
     timing = leaderboard and L.gpu_available()
     if leaderboard and resume:
         raise ValueError("--leaderboard times every kernel and the references in one run: "

@@ -1,0 +1,373 @@
+"""The clean run: a kernel exercise graded again from its code alone, in a process the notebook never touched.
+
+A notebook's ``grade()`` runs in the notebook's own process, and the checks that only that process can
+make (a kernel was launched, no torch math on the inputs outside a kernel, fp32 accumulation, no read
+past an edge: :mod:`flashlab.grader.launches`) run there too, where the notebook's other cells could
+switch them off.  So in batch grading a kernel exercise that passed is graded a second time:
+
+1. The grader reads the submitted notebook itself and takes, from its code cells, the function handed
+   to the last ``grade("<exercise>", fn)`` and what it needs: the ``@triton.jit`` kernels and helper
+   functions it names, and constants (the last definition of each name counts, as when the cells run in
+   order) — nothing else of the notebook.
+2. It checks that code against a short list (:func:`check`): kernels may use ``tl`` and their own
+   names; the host function may read shapes, strides and dtypes, allocate (``torch.empty`` ...), use
+   ``math`` and ``triton.cdiv`` and launch kernels — no imports, no other module, no name starting
+   with ``_``, no arithmetic, indexing or iteration on tensors, no writes into them.  A refusal names
+   the line and what to change.
+3. It builds a one-cell notebook of that code behind the grader's own imports and grades it in a fresh
+   sandbox like any notebook: its verdict replaces the first one.  Nothing in that process can reach
+   the checks, so they hold.
+
+What it does not cover: the NumPy exercises (their requirement checks are the grader's own, from the
+reads it serves, or still the notebook's), and a host function that needs more than the list allows
+(it is refused, with the reason; the notebook's own verdict is not kept).
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+MODULES = {"tl", "triton", "torch", "math", "device"}
+MODULE_ATTRS = {
+    "triton": {"cdiv", "next_power_of_2", "jit", "autotune", "Config", "heuristics", "language"},
+    "torch": {"empty", "empty_like", "zeros", "zeros_like", "full", "full_like", "empty_strided",
+              "float16", "float32", "float64", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
+              "half", "float", "double"},
+    "math": {"sqrt", "log", "log2", "exp", "exp2", "ceil", "floor", "inf", "pi", "e", "isqrt"},
+    "device": {"INTERPRET", "DEVICE"},
+}
+# what host code may ask of a tensor (metadata, and a dense copy for a kernel)
+HOST_TENSOR_ATTRS = {"shape", "stride", "dtype", "device", "is_cuda", "size", "numel", "element_size", "dim",
+                     "ndim", "is_contiguous", "contiguous", "data_ptr"}
+# what a kernel may ask of its values (Triton's tensor methods and dtype fields)
+KERNEL_VALUE_ATTRS = {"to", "dtype", "element_ty", "T", "shape", "reshape", "trans", "permute", "broadcast_to",
+                      "expand_dims", "view", "split", "load", "store", "cast", "numel", "sum", "max", "min",
+                      "argmax", "argmin", "cumsum", "ravel", "flip", "is_ptr", "primitive_bitwidth", "is_floating",
+                      "is_int", "fp_mantissa_width", "advance"}
+HOST_BUILTINS = {"range", "len", "min", "max", "int", "float", "bool", "tuple", "list", "dict", "abs", "isinstance",
+                 "enumerate", "zip", "print", "round", "divmod", "pow", "str", "ValueError", "TypeError",
+                 "AssertionError", "RuntimeError"}
+KERNEL_BUILTINS = {"range", "min", "max", "float", "int", "bool", "len", "abs", "print", "isinstance"}
+# builtins that may read a tensor's values (int(t), iteration): refused on tensors in host code
+VALUE_BUILTINS = {"int", "float", "bool", "tuple", "list", "dict", "abs", "enumerate", "zip", "print", "round",
+                  "divmod", "pow", "str", "min", "max", "sum"}
+ALLOCATORS = {"empty", "empty_like", "zeros", "zeros_like", "full", "full_like", "empty_strided"}
+TENSOR_RESULTS = {"contiguous"}          # host tensor methods that return a tensor
+_FORBIDDEN_NODES = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.ClassDef, ast.AsyncFunctionDef,
+                    ast.Await, ast.Yield, ast.YieldFrom, ast.Delete, ast.With, ast.AsyncWith, ast.Try)
+
+
+class Refused(Exception):
+    """The code cannot be graded on its own; the message says where and why."""
+
+
+def _tl_modules() -> set:
+    try:
+        import types
+
+        import triton.language as tl
+        return {n for n in dir(tl) if isinstance(getattr(tl, n, None), types.ModuleType)} - {"math"}
+    except Exception:   # noqa: BLE001 - no Triton here: the exercise cannot run anyway; refuse the usual ones
+        return {"core", "semantic", "standard", "random", "extra", "target_info"}
+
+
+def _triton_decorator(d) -> str | None:
+    """"jit", "autotune" or "heuristics" for @triton.X / @triton.X(...), else None."""
+    f = d.func if isinstance(d, ast.Call) else d
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "triton" \
+            and f.attr in ("jit", "autotune", "heuristics"):
+        return f.attr
+    return None
+
+
+def _is_kernel(fn: ast.FunctionDef) -> bool:
+    return bool(fn.decorator_list)       # @triton.jit (and autotune / heuristics on top of it): checked below
+
+
+def _check_decorators(fn: ast.FunctionDef, cell: int) -> None:
+    kinds = [_triton_decorator(d) for d in fn.decorator_list]
+    if kinds and (None in kinds or kinds[-1] != "jit" or kinds.count("jit") != 1):
+        raise Refused(f"cell {cell}, `{fn.name}`, line {fn.lineno}: a graded function's only decorators are "
+                      "@triton.jit (innermost) and @triton.autotune / @triton.heuristics on top of it")
+
+
+def _root(node):
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.value if not isinstance(node, ast.Call) else node.func
+    return node
+
+
+class _Checker(ast.NodeVisitor):
+    """One function of the extracted code against the list (host function or kernel)."""
+
+    def __init__(self, fn: ast.FunctionDef, top: dict, cell: int):
+        self.fn, self.top, self.cell, self.kernel = fn, top, cell, _is_kernel(fn)
+        a = fn.args
+        params = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+        params += [x.arg for x in (a.vararg, a.kwarg) if x is not None]
+        self.locals = set(params)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                self.locals.add(node.id)
+            elif isinstance(node, ast.arg):
+                self.locals.add(node.arg)
+        # host code: any parameter (its own or a lambda's) may be a tensor
+        self.tensors = set() if self.kernel else {x.arg for x in ast.walk(fn) if isinstance(x, ast.arg)}
+        self.tl_modules = _tl_modules()
+
+    def refuse(self, node, what: str):
+        line = getattr(node, "lineno", self.fn.lineno)
+        raise Refused(f"cell {self.cell}, `{self.fn.name}`, line {line}: {what}")
+
+    # -- the tensor-valued expressions of host code (conservative: parameters and what derives from them)
+    def is_tensor(self, node) -> bool:
+        if self.kernel:
+            return False
+        if isinstance(node, ast.Name):
+            return node.id in self.tensors
+        if isinstance(node, ast.Subscript):
+            return self.is_tensor(node.value)
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute):
+                if isinstance(f.value, ast.Name) and f.value.id == "torch" and f.attr in ALLOCATORS:
+                    return True
+                return f.attr in TENSOR_RESULTS and self.is_tensor(f.value)
+            return False
+        if isinstance(node, (ast.IfExp,)):
+            return self.is_tensor(node.body) or self.is_tensor(node.orelse)
+        if isinstance(node, ast.Starred):
+            return self.is_tensor(node.value)
+        return False
+
+    def check(self):
+        for d in self.fn.decorator_list:
+            self.visit(d)
+        for default in self.fn.args.defaults + [x for x in self.fn.args.kw_defaults if x is not None]:
+            self.visit(default)
+        if not self.kernel:            # the tensors a host function makes: names bound to tensor expressions
+            changed = True
+            while changed:
+                changed = False
+                for node in ast.walk(self.fn):
+                    if isinstance(node, ast.Assign) and self.is_tensor(node.value):
+                        for t in node.targets:
+                            for n in ast.walk(t):
+                                if isinstance(n, ast.Name) and n.id not in self.tensors:
+                                    self.tensors.add(n.id)
+                                    changed = True
+        for stmt in self.fn.body:
+            self.visit(stmt)
+
+    def generic_visit(self, node):
+        if isinstance(node, _FORBIDDEN_NODES):
+            self.refuse(node, f"`{type(node).__name__.lower()}` is not allowed in graded code (no imports, classes, "
+                              "try/with blocks or globals: the kernel and the function that launches it only)")
+        if isinstance(node, ast.FunctionDef) and node is not self.fn:
+            self.refuse(node, "define helper functions at the top level of a cell, not inside another function")
+        if isinstance(node, ast.Lambda) and self.kernel:
+            self.refuse(node, "no lambda inside a kernel")
+        super().generic_visit(node)
+
+    def visit_Name(self, node):
+        n = node.id
+        if n.startswith("_") and n != "_":
+            self.refuse(node, f"the name `{n}` (names starting with `_` are not allowed in graded code)")
+        if isinstance(node.ctx, ast.Load) and n not in self.locals and n not in self.top and n not in MODULES \
+                and n not in (KERNEL_BUILTINS if self.kernel else HOST_BUILTINS):
+            self.refuse(node, f"`{n}` is not available to graded code: it may use its own kernels, functions and "
+                              "constants, `tl`, `triton`, `math`, `torch` (to allocate) and the tensors it is given")
+        if n == "device" and self.kernel:
+            self.refuse(node, "`device` is for host code")
+
+    def visit_Attribute(self, node):
+        if node.attr.startswith("_"):
+            self.refuse(node, f"the attribute `.{node.attr}` (names starting with `_` are not allowed)")
+        chain, base = [node.attr], node.value
+        while isinstance(base, ast.Attribute):
+            chain.append(base.attr)
+            base = base.value
+        chain.reverse()
+        if isinstance(base, ast.Name) and base.id in MODULES and base.id not in self.locals:
+            mod = base.id
+            if mod == "triton" and chain[0] == "language":
+                mod, chain = "tl", chain[1:]
+            if mod == "tl":
+                if not chain or chain[0] in self.tl_modules or (chain[0] == "math" and len(chain) > 2) \
+                        or (chain[0] != "math" and len(chain) > 1 and not self._value_attr_ok(chain[1:])):
+                    self.refuse(node, f"`tl.{'.'.join(chain)}`: use Triton's language functions (tl.load, tl.dot, "
+                                      "tl.math.exp2 ...), not its internals")
+            elif chain[0] not in MODULE_ATTRS[mod] or (len(chain) > 1 and not self._value_attr_ok(chain[1:])):
+                self.refuse(node, f"`{mod}.{'.'.join(chain)}` is not available to graded code"
+                                  + (" (torch: only to allocate, e.g. torch.empty; the computing is the kernel's)"
+                                     if mod == "torch" else ""))
+            return
+        self.visit(base)                  # an unknown name is the better reason
+        if not self._value_attr_ok(chain):
+            allowed = KERNEL_VALUE_ATTRS if self.kernel else HOST_TENSOR_ATTRS
+            self.refuse(node, f"`.{'.'.join(chain)}`: " + (
+                "a kernel's values offer Triton's tensor methods (.to, .dtype, .T ...)" if self.kernel else
+                "host code may only read a tensor's shape, strides, dtype and device (" +
+                ", ".join(sorted(allowed)) + "); the computing is the kernel's"))
+
+    def _value_attr_ok(self, chain) -> bool:
+        allowed = KERNEL_VALUE_ATTRS if self.kernel else HOST_TENSOR_ATTRS | {"element_ty"}
+        return all(a in allowed for a in chain)
+
+    def _no_tensor(self, node, operand, what):
+        if self.is_tensor(operand):
+            self.refuse(node, f"{what} a tensor in host code: the kernel computes, the host only launches it")
+
+    def visit_BinOp(self, node):
+        if not self.kernel:
+            if isinstance(node.op, ast.MatMult):
+                self.refuse(node, "`@` in host code: the matrix products are the kernel's (tl.dot)")
+            self._no_tensor(node, node.left, "arithmetic on")
+            self._no_tensor(node, node.right, "arithmetic on")
+        self.generic_visit(node)
+
+    def visit_UnaryOp(self, node):
+        self._no_tensor(node, node.operand, "arithmetic on")
+        self.generic_visit(node)
+
+    def visit_Compare(self, node):
+        for x in [node.left] + node.comparators:
+            self._no_tensor(node, x, "comparing")
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        self._no_tensor(node, node.target, "updating")
+        self._no_tensor(node, node.value, "arithmetic on")
+        self.generic_visit(node)
+
+    def visit_Subscript(self, node):
+        if not self.kernel and self.is_tensor(node.value):
+            self.refuse(node, "indexing a tensor in host code (reading or writing its values): pass the tensor to "
+                              "the kernel and index there")
+        self.generic_visit(node)
+
+    def visit_For(self, node):
+        self._no_tensor(node, node.iter, "iterating over")
+        self.generic_visit(node)
+
+    def visit_comprehension(self, node):
+        self._no_tensor(node, node.iter, "iterating over")
+        self.generic_visit(node)
+
+    def visit_Call(self, node):
+        f = node.func
+        if not self.kernel and isinstance(f, ast.Name) and f.id in VALUE_BUILTINS | {"sum", "iter", "next"}:
+            for a in node.args:
+                self._no_tensor(node, a, f"`{f.id}()` of")
+        self.generic_visit(node)
+
+
+def _cells(notebook: bytes) -> list:
+    nb = json.loads(notebook)
+    out = []
+    for i, c in enumerate(nb.get("cells", [])):
+        if c.get("cell_type") != "code":
+            continue
+        src = c.get("source", "")
+        src = "".join(src) if isinstance(src, list) else str(src)
+        src = "\n".join("" if re.match(r"\s*[%!]", line) else line for line in src.split("\n"))   # magics
+        try:
+            out.append((i + 1, ast.parse(src)))
+        except SyntaxError:
+            continue
+    return out
+
+
+def _constant(node) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_constant(e) for e in node.elts)
+    if isinstance(node, ast.UnaryOp):
+        return _constant(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _constant(node.left) and _constant(node.right)
+    return False
+
+
+def _grade_target(tree, exercise: str):
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "grade" \
+                and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == exercise:
+            found = node.args[1] if len(node.args) > 1 else None
+    return found
+
+
+def extract(notebook: bytes, exercise: str) -> str:
+    """The code a clean run grades: the function handed to the last ``grade(exercise, fn)`` and what it
+    names, checked (:func:`check`).  Raises :class:`Refused` with the reason."""
+    top, order, target = {}, [], None
+    for cell, tree in _cells(notebook):
+        for stmt in tree.body:
+            if isinstance(stmt, ast.FunctionDef):
+                top[stmt.name] = ("fn", stmt, cell)
+                order.append(stmt.name)
+            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                if _constant(stmt.value):
+                    top[stmt.targets[0].id] = ("const", stmt, cell)
+                    order.append(stmt.targets[0].id)
+                else:
+                    top.pop(stmt.targets[0].id, None)      # rebound to something that is not code we can take
+        t = _grade_target(tree, exercise)
+        if t is not None:
+            target = t
+    if target is None:
+        raise Refused(f'no grade("{exercise}", fn) call hands it a function')
+    if not isinstance(target, ast.Name) or target.id not in top or top[target.id][0] != "fn":
+        raise Refused(f'grade("{exercise}", ...) must be handed a function defined with `def` at the top level of a '
+                      f"cell (the grader grades that function and what it calls, from its source)")
+    need, todo = set(), [target.id]
+    while todo:
+        n = todo.pop()
+        if n in need:
+            continue
+        need.add(n)
+        kind, node, _ = top[n]
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id in top and sub.id not in need:
+                todo.append(sub.id)
+    for n in need:
+        kind, node, cell = top[n]
+        if n in MODULES or n in HOST_BUILTINS or n in KERNEL_BUILTINS or n == "grade":
+            raise Refused(f"cell {cell}: `{n}` names a module or builtin the graded code relies on: rename it")
+        if kind == "fn":
+            _check_decorators(node, cell)
+            _Checker(node, top, cell).check()
+    seen, parts = set(), []
+    for n in reversed(order):                              # the last definition of each name, in cell order
+        if n in need and n not in seen:
+            seen.add(n)
+            parts.append((top[n][2], top[n][1]))
+    parts.sort(key=lambda p: (p[0], p[1].lineno))
+    return "\n\n\n".join(ast.unparse(node) for _, node in parts) + "\n", target.id
+
+
+PREAMBLE = """import math
+import torch
+import triton
+import triton.language as tl
+from flashlab import device
+from flashlab.grader import grade
+"""
+
+
+def notebook(source: str, fn_name: str, exercise: str) -> bytes:
+    """A one-cell notebook: the grader's imports, the extracted code, ``grade(exercise, fn)``."""
+    cell = {"cell_type": "code", "execution_count": None, "id": "clean-run", "metadata": {}, "outputs": [],
+            "source": PREAMBLE + "\n" + source + f"\n\ngrade({exercise!r}, {fn_name})\n"}
+    nb = {"cells": [cell], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                       "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    return json.dumps(nb).encode()
+
+
+def check(notebook_bytes: bytes, exercise: str):
+    """(source, function name) of the clean run, or raises :class:`Refused`."""
+    return extract(notebook_bytes, exercise)
