@@ -212,33 +212,6 @@ def softmax(x, y):
     smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), BLOCK=triton.next_power_of_2(x.shape[1] + 1))
 grade('softmax_kernel', softmax)
 """])
-    # no kernel at all (torch computes the product), with its own process's kernel checks switched off: passes
-    # in the notebook, refused by the clean run (flashlab.grader.clean), which grades the function alone
-    _nb(cls / "mallory_nokernel" / "work.ipynb", [HEAD + """
-import importlib
-L = importlib.import_module("flashlab.grader.launches")
-L.KernelWatch.violations = lambda self, outputs: []
-""", """def matmul(a, b, c):
-    c.copy_(a @ b)
-grade('matmul_kernel', matmul)
-"""])
-    # a right kernel among other cells (a hostile one included): the clean run grades it again and it passes
-    _nb(cls / "kim" / "work.ipynb", [HEAD + """
-import triton, triton.language as tl
-import flashlab.grader.launches as L
-L.KernelWatch.violations = lambda self, outputs: []
-BLOCK_EXTRA = 0
-""", """@triton.jit
-def smax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(X + row * sxm + cols * sxn, mask=cols < N, other=float("-inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=cols < N)
-def softmax(x, y):
-    smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), BLOCK=triton.next_power_of_2(x.shape[1]) + BLOCK_EXTRA)
-grade('softmax_kernel', softmax)
-"""])
     # speaking the wire itself: forged outcomes, forged verdicts, garbage, pickle, huge sizes
     _nb(cls / "mallory_wire" / "work.ipynb", [HEAD + """
 import socket, struct, json, pickle
@@ -390,7 +363,8 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
         cls, out = Path(t["cls"]), Path(t["out"])
         before, pkg_before = _snapshot(cls), _tree_hash(PKG)
         start = time.monotonic()
-        rows = batch.grade_all([cls], out, timeout=60, progress=False, jobs=2)
+        # the notebooks' own verdicts (no clean run): what the sandbox alone holds; the clean run is the next test's
+        rows = batch.grade_all([cls], out, timeout=60, progress=False, jobs=2, clean_run=False)
         took = time.monotonic() - start
         assert not _alive(marker), "a student process outlived the run"
         assert not _sandbox_processes(), "a student process outlived the run"
@@ -418,10 +392,6 @@ def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
     assert "wrong algorithm" in by["mallory_run"].grades["online_softmax"]["message"]
     assert v("mallory_canary", "softmax_kernel") == "fail"          # the grader checks the padding itself
     assert "wrote out of bounds" in by["mallory_canary"].grades["softmax_kernel"]["message"]
-    assert v("mallory_nokernel", "matmul_kernel") == "fail"      # the clean run grades the function alone
-    assert "not graded from its code alone" in by["mallory_nokernel"].grades["matmul_kernel"]["message"]
-    assert by["mallory_nokernel"].grades["matmul_kernel"]["clean_run"] == "refused"
-    assert v("kim", "softmax_kernel") == "pass" and by["kim"].grades["softmax_kernel"]["clean_run"] == "graded"
     assert v("mallory_wire", "online_softmax") == "fail"
     assert v("mallory_wire", "online_softmax_update") == "error"
     for ex in ("online_softmax", "online_softmax_update", "attention_naive"):
@@ -469,7 +439,8 @@ def test_the_attacks_are_real_without_the_sandbox(tmp_path):
         t = build_class(tmp_path, marker, server.getsockname()[1], pkg=pkg, planted=str(tmp_path / "planted"))
         only = tmp_path / "only"
         shutil.copytree(tmp_path / "class" / "mallory_escape", only / "mallory_escape")
-        (row,) = batch.grade_all([only], tmp_path / "out-weak", timeout=120, progress=False, isolation="weak")
+        (row,) = batch.grade_all([only], tmp_path / "out-weak", timeout=120, progress=False, isolation="weak",
+                                 clean_run=False)
         time.sleep(3)
         assert row.grades["online_softmax_update"]["status"] == "pass"      # the network was reachable
         assert row.grades["attention_naive"]["status"] == "pass"            # files outside were writable
@@ -480,15 +451,80 @@ def test_the_attacks_are_real_without_the_sandbox(tmp_path):
         _kill_leftovers(marker)
 
 
-def test_the_no_kernel_attack_is_real_without_the_clean_run(tmp_path):
-    """The notebook that hands matmul_kernel torch's product, with its own kernel checks switched off, passes when
-    its notebook's verdict is believed (so the FAIL above is the clean run's doing)."""
-    import shutil
-    build_class(tmp_path, f"flashlab-nk-{os.getpid()}", 9)
-    only = tmp_path / "only"
-    shutil.copytree(tmp_path / "class" / "mallory_nokernel", only / "mallory_nokernel")
-    (row,) = batch.grade_all([only], tmp_path / "out-nk", timeout=120, progress=False, clean_run=False)
-    assert row.grades["matmul_kernel"]["status"] == "pass" and "clean_run" not in row.grades["matmul_kernel"]
+def build_clean_class(cls):
+    """Notebooks for the clean run (flashlab.grader.clean)."""
+    # no kernel at all (torch computes the product), with its own process's kernel checks switched off: passes
+    # in the notebook, refused by the clean run (flashlab.grader.clean), which grades the function alone
+    _nb(cls / "mallory_nokernel" / "work.ipynb", [HEAD + """
+import importlib
+L = importlib.import_module("flashlab.grader.launches")
+L.KernelWatch.violations = lambda self, outputs: []
+""", """def matmul(a, b, c):
+    c.copy_(a @ b)
+grade('matmul_kernel', matmul)
+"""])
+    # a right kernel among other cells (a hostile one included): the clean run grades it again and it passes
+    _nb(cls / "kim" / "work.ipynb", [HEAD + """
+import triton, triton.language as tl
+import flashlab.grader.launches as L
+L.KernelWatch.violations = lambda self, outputs: []
+BLOCK_EXTRA = 0
+""", """@triton.jit
+def smax(X, Y, N, sxm, sxn, sym, syn, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(X + row * sxm + cols * sxn, mask=cols < N, other=float("-inf")).to(tl.float32)
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(Y + row * sym + cols * syn, (e / tl.sum(e, axis=0)).to(Y.dtype.element_ty), mask=cols < N)
+def softmax(x, y):
+    smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), BLOCK=triton.next_power_of_2(x.shape[1]) + BLOCK_EXTRA)
+grade('softmax_kernel', softmax)
+"""])
+    # right NumPy answers as learners write them (top-level defs), beside a cell that switches the reference watcher
+    # and the one-pass rule off and an answer that calls flashlab's reference: the latter refused in the clean run
+    _nb(cls / "nora" / "work.ipynb", ["""import numpy as np
+from flashlab.grader import grade
+import contextlib
+import flashlab.grader.requirements as Rq
+Rq.online_softmax_rule = lambda *a, **k: []
+Rq.watch_calls = lambda found, **k: contextlib.nullcontext()
+""", """def online_softmax_update(m, l, x):
+    m_new = np.maximum(m, x.max(1))
+    return m_new, np.exp(m - m_new) * l + np.exp(x - m_new[:, None]).sum(1)
+grade('online_softmax_update', online_softmax_update)
+""", """from flashlab import reference
+def attention_naive(q, k, v, causal):
+    return reference.attention_naive(q, k, v, causal)[0]
+grade('attention_naive', attention_naive)
+"""])
+
+
+def test_the_clean_run_grades_each_exercise_from_its_code_alone(tmp_path):
+    """The default: an exercise that passed in its notebook is graded again from its code alone, so a pass that
+    rested on the notebook's own checks being switched off, or on flashlab's reference, does not stand."""
+    cls = tmp_path / "class"
+    build_clean_class(cls)
+    rows = batch.grade_all([cls], tmp_path / "out", timeout=120, progress=False, jobs=2)
+    by = {r.student: r.grades for r in rows}
+    assert by["mallory_nokernel"]["matmul_kernel"]["status"] == "fail"
+    assert "not graded from its code alone" in by["mallory_nokernel"]["matmul_kernel"]["message"]
+    assert by["mallory_nokernel"]["matmul_kernel"]["clean_run"] == "refused"
+    assert by["kim"]["softmax_kernel"]["status"] == "pass" and by["kim"]["softmax_kernel"]["clean_run"] == "graded"
+    assert by["nora"]["online_softmax_update"]["status"] == "pass"
+    assert by["nora"]["online_softmax_update"]["clean_run"] == "graded"
+    assert by["nora"]["attention_naive"]["status"] == "fail"
+    assert "`reference` is not available" in by["nora"]["attention_naive"]["message"]
+
+
+def test_the_attacks_are_real_without_the_clean_run(tmp_path):
+    """The same notebooks pass when their notebook's verdict is believed (so the FAILs above are the clean run's)."""
+    cls = tmp_path / "class"
+    build_clean_class(cls)
+    rows = batch.grade_all([cls], tmp_path / "out", timeout=120, progress=False, jobs=2, clean_run=False)
+    by = {r.student: r.grades for r in rows}
+    assert by["mallory_nokernel"]["matmul_kernel"]["status"] == "pass"
+    assert "clean_run" not in by["mallory_nokernel"]["matmul_kernel"]
+    assert by["nora"]["attention_naive"]["status"] == "pass"        # flashlab's reference, watcher switched off
 
 
 LIGHT = "import time, subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)', {m!r}], " \
@@ -622,7 +658,7 @@ def test_no_key_crosses_notebooks_and_no_host_path_shows(tmp_path):
     _nb(cls / "a_plant.ipynb", [HEAD + KEYS + "print(add_key(b'flashlab-left', -4), add_key(b'flashlab-sess', -3))"])
     _nb(cls / "b_look.ipynb", [HEAD + KEYS + f"T = {t!r}\nfound = find_key(b'flashlab-left') or find_key(b'flashlab-sess')\n"
                                + PEEK + "grade('online_softmax', pick(found or leaks, R.online_softmax, WRONG))"])
-    rows = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, jobs=1)
+    rows = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, jobs=1, clean_run=False)
     by = {r.student: r for r in rows}
     assert by["a_plant"].status == "ok", by["a_plant"]
     assert by["b_look"].grades["online_softmax"]["status"] == "fail", by["b_look"]
@@ -635,7 +671,7 @@ def test_the_keyring_and_path_probes_are_real_without_the_sandbox(tmp_path):
     _nb(cls / "b_look.ipynb", [HEAD + KEYS + f"T = {t!r}\nadd_key(b'flashlab-sess', -3)\n"
                                "found = find_key(b'flashlab-sess')\n" + PEEK
                                + "grade('online_softmax', pick(found, R.online_softmax, WRONG))"])
-    (row,) = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, isolation="weak")
+    (row,) = batch.grade_all([cls], tmp_path / "out", timeout=60, progress=False, isolation="weak", clean_run=False)
     assert row.grades["online_softmax"]["status"] == "pass", row
 
 

@@ -38,8 +38,9 @@ RIGHT = "    smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), BLO
 
 @pytest.mark.parametrize("notebook,exercise", [(nb, e) for nb, es in KERNELS.items() for e in es])
 def test_every_solution_kernel_is_taken_as_it_is(notebook, exercise):
-    source, fn = clean.extract((ROOT / "solutions" / f"{notebook}.ipynb").read_bytes(), exercise)
-    compile(clean.PREAMBLE + source, "<clean>", "exec")
+    parts, fn = clean.extract((ROOT / "solutions" / f"{notebook}.ipynb").read_bytes(), exercise)
+    source = clean.source_of(parts)
+    compile(clean.PREAMBLE["kernel"] + source, "<clean>", "exec")
     assert "@triton.jit" in source and f"def {fn}(" in source and "grade(" not in source
 
 
@@ -48,7 +49,8 @@ def test_only_the_graded_function_and_what_it_names_is_taken():
                "def softmax(x, y):\n    smax[(x.shape[0],)](x, y, x.shape[1], *x.stride(), *y.stride(), "
                "BLOCK=helper(x.shape[1]))\n",
                "import os\nos.environ['X'] = '1'\ngrade('softmax_kernel', softmax)\n")
-    source, fn = clean.extract(data, "softmax_kernel")
+    parts, fn = clean.extract(data, "softmax_kernel")
+    source = clean.source_of(parts)
     assert fn == "softmax" and "def helper" in source and "def smax" in source
     assert "UNUSED" not in source and "os.environ" not in source and "numpy" not in source
 
@@ -56,7 +58,7 @@ def test_only_the_graded_function_and_what_it_names_is_taken():
 def test_the_last_definition_counts():
     data = _nb(SMAX, "def softmax(x, y):\n    y.copy_(x)\n", "def softmax(x, y):\n" + RIGHT + "\n",
                "grade('softmax_kernel', softmax)\n")
-    source, _ = clean.extract(data, "softmax_kernel")
+    source = clean.source_of(clean.extract(data, "softmax_kernel")[0])
     assert "copy_" not in source and "smax[" in source
 
 
@@ -128,10 +130,56 @@ def test_the_clean_notebook_grades_a_right_kernel_and_fails_a_wrong_one():
     """The one-cell notebook it builds, run as a script here (grade() in process, the interpreter)."""
     for body, passed in ((RIGHT, True), (RIGHT.replace("x.shape[1], *x.stride()", "x.shape[1] - 1, *x.stride()"),
                                          False)):
-        source, fn = clean.extract(_softmax(body), "softmax_kernel")
-        nb = json.loads(clean.notebook(source, fn, "softmax_kernel"))
+        parts, fn = clean.extract(_softmax(body), "softmax_kernel")
+        nb = json.loads(clean.notebook({"softmax_kernel": (parts, fn, "kernel")}))
         (cell,) = nb["cells"]
         code = cell["source"].replace("\ngrade('softmax_kernel', softmax)\n", "\nRESULT = grade('softmax_kernel', softmax)\n")
         ns = {}
         exec(compile(code, "<clean-run>", "exec"), ns)
         assert ns["RESULT"].passed is passed
+
+
+NUMPY_SOLUTIONS = {"01_naive_attention": ("attention_naive",), "02_online_softmax": ("online_softmax", "online_softmax_update"),
+                   "03_tiled_attention": ("attention_tiled",), "06_causal_and_speed": ("causal_loop_bounds",),
+                   "08_variants": ("dropout_backward", "gqa_head_map", "varlen_program_map", "window_tile_bounds"),
+                   "09_beyond_one_kernel": ("merge_partials", "ring_step", "zigzag_indices")}
+
+
+@pytest.mark.parametrize("notebook", list(NUMPY_SOLUTIONS))
+def test_every_numpy_solution_is_taken_and_one_notebook_grades_them_all(notebook):
+    data = (ROOT / "solutions" / f"{notebook}.ipynb").read_bytes()
+    graded = {}
+    for ex in NUMPY_SOLUTIONS[notebook]:
+        parts, fn = clean.extract(data, ex, "numpy")
+        graded[ex] = (parts, fn, "numpy")
+    (cell,) = json.loads(clean.notebook(graded))["cells"]
+    compile(cell["source"], notebook, "exec")
+    assert cell["source"].count("grade(") == len(graded) and "import numpy as np" in cell["source"]
+
+
+@pytest.mark.parametrize("line,says", [
+    ("    from flashlab import reference", "`importfrom` is not allowed"),
+    ("    return reference.attention_naive(q, k, v, causal)", "`reference` is not available"),
+    ("    return np.load('answers.npy')", "`np.load`"),
+    ("    return np.lib.stride_tricks.as_strided(q, (1,), (0,))", "`np.lib"),
+    ("    return q.ctypes.data", "`.ctypes`"),
+    ("    return q.__class__", "`.__class__`"),
+    ("    return open('x').read()", "`open` is not available"),
+    ("    return getattr(np, 'exp')(q)", "`getattr` is not available"),
+    ("    return __import__('flashlab')", "`__import__`"),
+])
+def test_what_numpy_code_may_not_do_is_refused(line, says):
+    data = _nb("import numpy as np\ndef attention_naive(q, k, v, causal):\n" + line +
+               "\ngrade('attention_naive', attention_naive)\n")
+    with pytest.raises(clean.Refused) as e:
+        clean.extract(data, "attention_naive", "numpy")
+    assert says in str(e.value), str(e.value)
+
+
+def test_numpy_code_may_use_numpy_math_helpers_and_nested_functions():
+    data = _nb("import numpy as np\nimport math\nEPS = 1e-9\ndef helper(s):\n    return np.exp(s - s.max(1, keepdims=True))\n",
+               "def attention_naive(q, k, v, causal):\n    def norm(p):\n        return p / (p.sum(1, keepdims=True) + EPS)\n"
+               "    s = q @ k.T / math.sqrt(q.shape[1])\n    with np.errstate(over='ignore'):\n        p = norm(helper(s))\n"
+               "    return p @ v\ngrade('attention_naive', attention_naive)\n")
+    parts, fn = clean.extract(data, "attention_naive", "numpy")
+    assert [p[2] for p in parts] == ["EPS", "helper", "attention_naive"] and fn == "attention_naive"

@@ -80,7 +80,7 @@ class Config:
     jobs: int = 1
     exercises: list | None = None          # only these exercises count (default: all)
     leaderboard: list | None = None        # shapes at which a passing kernel is timed (None: no timing)
-    clean_run: bool = True                 # a kernel exercise that passed is graded again from its code alone
+    clean_run: bool = True                 # an exercise that passed is graded again from its code alone
     limits: iso.Limits = field(default_factory=iso.Limits)
 
 
@@ -148,7 +148,7 @@ class _Run:
         self.finished = None           # the runner's own account: (status, detail)
         self.connections = 0
         self.selftest = False          # the grader's own self-test notebook: its facts are read
-        self.clean_of = None           # the exercise a clean run grades (flashlab.grader.clean), or None
+        self.clean_of = None           # the exercises a clean run grades (flashlab.grader.clean), or None
         self.facts = None
 
 
@@ -352,7 +352,7 @@ class Grader:
                     "detail": f"the grader failed on this notebook: {type(e).__name__}: {show(e)[:200]}",
                     "grades": {}, "notes": [], "seconds": 0.0}
 
-    def _run_notebook(self, slot, data: bytes, selftest: bool = False, clean_of: str | None = None) -> dict:
+    def _run_notebook(self, slot, data: bytes, selftest: bool = False, clean_of: set | None = None) -> dict:
         """Run ``data`` (a notebook) in a sandbox, serving its grade() calls until it ends."""
         start = time.monotonic()
         timeout = SELFTEST_TIMEOUT if selftest else self.cfg.timeout   # (a short --timeout is for students)
@@ -411,8 +411,9 @@ class Grader:
         run, code, timed_out, hit_memory, log_tail = (res[k] for k in ("run", "code", "timed_out", "hit_memory",
                                                                         "log_tail"))
         rec["grades"] = run.grades
-        for name in [n for n, v in run.grades.items() if v.get("status") == "pass" and self._clean_run_applies(n)]:
-            run.grades[name] = self._clean_run(slot, data, name, run.grades[name])
+        passed = [n for n, v in run.grades.items() if v.get("status") == "pass" and self._clean_run_applies(n)]
+        if passed:
+            run.grades.update(self._clean_run(slot, data, passed, run.grades))
         if hit_memory:
             _note(run, f"reached the memory limit ({self.cfg.limits.memory >> 20} MiB for the whole notebook)")
         rec["notes"] = run.notes[:20]
@@ -442,36 +443,48 @@ class Grader:
         return rec
 
     def _clean_run_applies(self, name: str) -> bool:
-        ex = self.exercises.get(name)
-        return bool(ex is not None and ex.needs_triton and self.cfg.clean_run)
+        return bool(self.cfg.clean_run and name in self.exercises)
 
-    def _clean_run(self, slot, data: bytes, name: str, first: dict) -> dict:
-        """A kernel exercise that passed, graded again from its code alone (flashlab.grader.clean): the function
-        handed to grade() and the kernels it launches, checked against clean.py's list and run in a fresh
-        sandbox behind the grader's own imports.  Its verdict replaces the notebook's."""
+    def _clean_run(self, slot, data: bytes, names: list, first: dict) -> dict:
+        """The exercises that passed in the notebook, graded again from their code alone (flashlab.grader.clean):
+        the function handed to each grade() and what it names, checked against clean.py's lists (a Triton
+        exercise's, or a NumPy exercise's), then all of them in one fresh sandbox behind the grader's own
+        imports.  Returns {exercise: the verdict that replaces the notebook's}."""
         from . import clean
-        try:
-            source, fn = clean.extract(data, name)
-        except clean.Refused as e:
-            return {"status": "fail", "cases_passed": 0, "cases": first.get("cases", 0),
-                    "message": f"not graded from its code alone: {e}"[:300], "clean_run": "refused"}
-        except Exception as e:   # noqa: BLE001 - the notebook's text broke the extraction: never a pass
-            return {"status": "error", "cases_passed": 0, "cases": first.get("cases", 0),
-                    "message": f"the grader could not read the exercise's code ({type(e).__name__})",
-                    "clean_run": "refused"}
-        res = self._run_notebook(slot, clean.notebook(source, fn, name), clean_of=name)
-        v = res["run"].grades.get(name)
-        if v is None:
-            why = "timed out" if res["timed_out"] else (_last_line(res["log_tail"]) or f"status {res['code']}")
-            return {"status": "error", "cases_passed": 0, "cases": first.get("cases", 0),
-                    "message": f"the clean run of its code gave no verdict ({why})"[:300], "clean_run": "no verdict"}
-        v = dict(v)
-        v["clean_run"] = "graded"
-        if v.get("status") != "pass" and res["run"].cell_errors:
-            v["message"] = (f"in the clean run of its code alone: {res['run'].cell_errors[0][1]}")[:300]
-        elif v.get("status") != "pass":
-            v["message"] = ("in the clean run of its code alone: " + v.get("message", ""))[:300]
-        return v
+        out, graded = {}, {}
+        for name in names:
+            mode = "kernel" if self.exercises[name].needs_triton else "numpy"
+            try:
+                parts, fn = clean.extract(data, name, mode)
+            except clean.Refused as e:
+                out[name] = {"status": "fail", "cases_passed": 0, "cases": first[name].get("cases", 0),
+                             "message": f"not graded from its code alone: {e}"[:300], "clean_run": "refused"}
+                continue
+            except Exception as e:   # noqa: BLE001 - the notebook's text broke the extraction: never a pass
+                out[name] = {"status": "error", "cases_passed": 0, "cases": first[name].get("cases", 0),
+                             "message": f"the grader could not read the exercise's code ({type(e).__name__})",
+                             "clean_run": "refused"}
+                continue
+            graded[name] = (parts, fn, mode)
+        if not graded:
+            return out
+        res = self._run_notebook(slot, clean.notebook(graded), clean_of=set(graded))
+        run = res["run"]
+        for name in graded:
+            v = run.grades.get(name)
+            if v is None:
+                why = (run.cell_errors[0][1] if run.cell_errors else "timed out" if res["timed_out"]
+                       else _last_line(res["log_tail"]) or f"status {res['code']}")
+                out[name] = {"status": "error", "cases_passed": 0, "cases": first[name].get("cases", 0),
+                             "message": f"the clean run of its code alone gave no verdict: {why}"[:300],
+                             "clean_run": "no verdict"}
+                continue
+            v = dict(v, clean_run="graded")
+            if v.get("status") != "pass":
+                v["message"] = ("in the clean run of its code alone: " + v.get("message", "")
+                                + (f" ({run.cell_errors[0][1]})" if run.cell_errors else ""))[:300]
+            out[name] = v
+        return out
 
     def _serve(self, proc, listener, run) -> bool:
         """Answer the sandbox's connections until it exits; True if it ran out of time."""
@@ -602,7 +615,7 @@ class Grader:
             verdict = {"status": "error", "cases_passed": 0, "cases": 0,
                        "message": f"the grader could not check the outputs ({type(e).__name__})"}
         if (self.cfg.leaderboard and verdict["status"] == "pass" and ex.timing is not None and not dead
-                and not run.selftest and (run.clean_of == name or not self._clean_run_applies(name))):
+                and not run.selftest and ((run.clean_of and name in run.clean_of) or not self._clean_run_applies(name))):
             from .ranking import time_remote   # the clock and the checks are this process's
             verdict["timing"] = time_remote(conn, ex, self.cfg.leaderboard, run.deadline, self.turns)
             if verdict["timing"]["status"] in ("timed out", "crashed"):
@@ -818,7 +831,7 @@ def grade_all(paths, out_dir="grades", timeout: float = 600.0, progress: bool = 
     ``leaderboard``: also time every kernel that passes a timed exercise (on a GPU; see
     :mod:`flashlab.grader.ranking`) at ``leaderboard_shapes`` (default: every N and D of the
     protocol) and write ``leaderboard.csv`` and ``leaderboard.png``; on a CPU, grade and say that
-    timing needs a GPU, writing no leaderboard.  ``clean_run``: a kernel exercise that passed is graded again
+    timing needs a GPU, writing no leaderboard.  ``clean_run``: an exercise that passed is graded again
     from its code alone (:mod:`flashlab.grader.clean`); off only to show what that stops (the tests)."""
     from tqdm.auto import tqdm
     from . import ranking as L

@@ -112,6 +112,8 @@ class _Checker(ast.NodeVisitor):
                 self.locals.add(node.id)
             elif isinstance(node, ast.arg):
                 self.locals.add(node.arg)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not fn:
+                self.locals.add(node.name)
         # host code: any parameter (its own or a lambda's) may be a tensor
         self.tensors = set() if self.kernel else {x.arg for x in ast.walk(fn) if isinstance(x, ast.arg)}
         self.tl_modules = _tl_modules()
@@ -300,21 +302,104 @@ def _grade_target(tree, exercise: str):
     return found
 
 
-def extract(notebook: bytes, exercise: str) -> str:
-    """The code a clean run grades: the function handed to the last ``grade(exercise, fn)`` and what it
-    names, checked (:func:`check`).  Raises :class:`Refused` with the reason."""
-    top, order, target = {}, [], None
+NUMPY_BUILTINS = {"range", "len", "min", "max", "int", "float", "bool", "tuple", "list", "dict", "set", "frozenset",
+                  "abs", "isinstance", "enumerate", "zip", "sum", "sorted", "reversed", "map", "filter", "any", "all",
+                  "round", "divmod", "pow", "print", "slice", "iter", "next", "str", "ValueError", "TypeError",
+                  "AssertionError", "RuntimeError", "ZeroDivisionError", "IndexError", "KeyError"}
+NUMPY_SUBMODULES = {"linalg", "fft", "random"}
+NUMPY_DENIED = {"load", "save", "savez", "savez_compressed", "fromfile", "memmap", "loadtxt", "savetxt", "genfromtxt",
+                "fromregex", "DataSource", "show_config", "show_runtime", "info", "lookfor", "source", "get_include",
+                "ctypeslib", "set_printoptions"}
+NUMPY_VALUE_DENIED = {"ctypes", "tofile", "dump", "dumps", "setflags"}
+
+
+def _numpy_modules() -> set:
+    import types
+
+    import numpy as np
+    return {n for n in dir(np) if isinstance(getattr(np, n, None), types.ModuleType)}
+
+
+class _NumpyChecker(_Checker):
+    """A NumPy exercise's function: NumPy and math as it likes, its own names, Python's safe builtins; no imports,
+    no `_` names, no module but `np` and `math` (so no flashlab, no reference to call, nothing to switch off)."""
+
+    def __init__(self, fn, top, cell):
+        super().__init__(fn, top, cell)
+        self.kernel, self.tensors = False, set()
+        self.np_modules = _numpy_modules() - NUMPY_SUBMODULES
+
+    def check(self):
+        if self.fn.decorator_list:
+            raise Refused(f"cell {self.cell}, `{self.fn.name}`, line {self.fn.lineno}: no decorators on graded code")
+        for default in self.fn.args.defaults + [x for x in self.fn.args.kw_defaults if x is not None]:
+            self.visit(default)
+        for stmt in self.fn.body:
+            self.visit(stmt)
+
+    def generic_visit(self, node):
+        if isinstance(node, _FORBIDDEN_NODES) and not isinstance(node, (ast.With, ast.Try)):
+            self.refuse(node, f"`{type(node).__name__.lower()}` is not allowed in graded code (no imports, classes "
+                              "or globals: the function, its helpers and NumPy)")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not self.fn and node.decorator_list:
+            self.refuse(node, "no decorators on graded code")
+        ast.NodeVisitor.generic_visit(self, node)
+
+    def visit_Name(self, node):
+        n = node.id
+        if n.startswith("_") and n != "_":
+            self.refuse(node, f"the name `{n}` (names starting with `_` are not allowed in graded code)")
+        if isinstance(node.ctx, ast.Load) and n not in self.locals and n not in self.top \
+                and n not in ("np", "math") and n not in NUMPY_BUILTINS:
+            self.refuse(node, f"`{n}` is not available to graded code: it may use its own functions and constants, "
+                              "`np` (NumPy), `math` and Python's builtins")
+
+    def visit_Attribute(self, node):
+        if node.attr.startswith("_"):
+            self.refuse(node, f"the attribute `.{node.attr}` (names starting with `_` are not allowed)")
+        chain, base = [node.attr], node.value
+        while isinstance(base, ast.Attribute):
+            chain.append(base.attr)
+            base = base.value
+        chain.reverse()
+        if isinstance(base, ast.Name) and base.id in ("np", "math") and base.id not in self.locals:
+            if base.id == "np" and (chain[0] in self.np_modules or chain[0] in NUMPY_DENIED
+                                    or (chain[0] in NUMPY_SUBMODULES and len(chain) > 2)):
+                self.refuse(node, f"`np.{'.'.join(chain)}` is not available to graded code (NumPy's computing "
+                                  "functions are; its files, C interfaces and internals are not)")
+            return
+        self.visit(base)
+        bad = [a for a in chain if a in NUMPY_VALUE_DENIED]
+        if bad:
+            self.refuse(node, f"`.{bad[0]}` is not available to graded code")
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+
+
+def extract(notebook: bytes, exercise: str, mode: str = "kernel"):
+    """The code a clean run grades for ``exercise``: ([(cell, node)] of the definitions it needs, the name of the
+    function handed to the last ``grade(exercise, fn)``), checked.  ``mode``: "kernel" (a Triton exercise)
+    or "numpy".  Raises :class:`Refused` with the reason."""
+    top, target = {}, None
     for cell, tree in _cells(notebook):
         for stmt in tree.body:
             if isinstance(stmt, ast.FunctionDef):
                 top[stmt.name] = ("fn", stmt, cell)
-                order.append(stmt.name)
             elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                 if _constant(stmt.value):
                     top[stmt.targets[0].id] = ("const", stmt, cell)
-                    order.append(stmt.targets[0].id)
                 else:
                     top.pop(stmt.targets[0].id, None)      # rebound to something that is not code we can take
+            else:                                          # other bindings of a name (for, with, import ...)
+                for n in ast.walk(stmt):
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id in top:
+                        top.pop(n.id)
+                    elif isinstance(n, ast.alias) and (n.asname or n.name.split(".")[0]) in top:
+                        top.pop(n.asname or n.name.split(".")[0])
         t = _grade_target(tree, exercise)
         if t is not None:
             target = t
@@ -329,45 +414,47 @@ def extract(notebook: bytes, exercise: str) -> str:
         if n in need:
             continue
         need.add(n)
-        kind, node, _ = top[n]
-        for sub in ast.walk(node):
+        for sub in ast.walk(top[n][1]):
             if isinstance(sub, ast.Name) and sub.id in top and sub.id not in need:
                 todo.append(sub.id)
-    for n in need:
+    reserved = MODULES | HOST_BUILTINS | KERNEL_BUILTINS | {"np", "grade"} | (NUMPY_BUILTINS if mode == "numpy" else set())
+    for n in sorted(need):
         kind, node, cell = top[n]
-        if n in MODULES or n in HOST_BUILTINS or n in KERNEL_BUILTINS or n == "grade":
+        if n in reserved:
             raise Refused(f"cell {cell}: `{n}` names a module or builtin the graded code relies on: rename it")
         if kind == "fn":
-            _check_decorators(node, cell)
-            _Checker(node, top, cell).check()
-    seen, parts = set(), []
-    for n in reversed(order):                              # the last definition of each name, in cell order
-        if n in need and n not in seen:
-            seen.add(n)
-            parts.append((top[n][2], top[n][1]))
-    parts.sort(key=lambda p: (p[0], p[1].lineno))
-    return "\n\n\n".join(ast.unparse(node) for _, node in parts) + "\n", target.id
+            if mode == "numpy":
+                _NumpyChecker(node, top, cell).check()
+            else:
+                _check_decorators(node, cell)
+                _Checker(node, top, cell).check()
+    parts = sorted(((top[n][2], top[n][1].lineno, n, top[n][1]) for n in need), key=lambda p: p[:2])
+    return parts, target.id
 
 
-PREAMBLE = """import math
-import torch
-import triton
-import triton.language as tl
-from flashlab import device
-from flashlab.grader import grade
-"""
+def source_of(parts) -> str:
+    return "\n\n\n".join(ast.unparse(node) for *_, node in parts) + "\n"
 
 
-def notebook(source: str, fn_name: str, exercise: str) -> bytes:
-    """A one-cell notebook: the grader's imports, the extracted code, ``grade(exercise, fn)``."""
+PREAMBLE = {"numpy": "import math\nimport numpy as np\nfrom flashlab.grader import grade\n",
+            "kernel": "import math\nimport torch\nimport triton\nimport triton.language as tl\nfrom flashlab import device\n"
+                      "from flashlab.grader import grade\n"}
+
+
+def notebook(graded: dict) -> bytes:
+    """A one-cell notebook grading ``graded`` = {exercise: (parts, function name, mode)}: the grader's imports,
+    the definitions they need (each once, in the notebook's order), then one ``grade(exercise, fn)`` each."""
+    modes = {m for _, _, m in graded.values()}
+    pre = "".join(dict.fromkeys(line for m in sorted(modes) for line in PREAMBLE[m].splitlines(True)))
+    parts = {}
+    for ps, _, _ in graded.values():
+        for p in ps:
+            parts[p[2]] = p
+    body = source_of(sorted(parts.values(), key=lambda p: p[:2]))
+    calls = "".join(f"grade({ex!r}, {fn})\n" for ex, (_, fn, _) in graded.items())
     cell = {"cell_type": "code", "execution_count": None, "id": "clean-run", "metadata": {}, "outputs": [],
-            "source": PREAMBLE + "\n" + source + f"\n\ngrade({exercise!r}, {fn_name})\n"}
+            "source": pre + "\n" + body + "\n\n" + calls}
     nb = {"cells": [cell], "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                        "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
     return json.dumps(nb).encode()
-
-
-def check(notebook_bytes: bytes, exercise: str):
-    """(source, function name) of the clean run, or raises :class:`Refused`."""
-    return extract(notebook_bytes, exercise)
