@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -87,6 +88,10 @@ def _plan(args):
         return 2
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     facts = P.device_facts() if args.device == "here" else P.SIMULATED[args.device]
+    here = P.device_facts()
+    if args.device != "here":   # a simulated GPU with this Triton: its tensor descriptors or their absence
+        facts = dataclasses.replace(facts, host_descriptors=here.host_descriptors,
+                                    device_descriptors=here.device_descriptors)
     notes = []
     dk = P.kernel_head_dim(D)
     if dk != D:

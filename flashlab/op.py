@@ -18,8 +18,6 @@ than the operator dispatch.  Outputs are always contiguous (the fake implementat
 """
 from __future__ import annotations
 
-from typing import Tuple
-
 import torch
 from torch import Tensor
 
@@ -27,10 +25,13 @@ from . import attention as _host
 
 __all__ = ["attention_forward", "attention_backward"]
 
+# The operators' annotations are strings here (``from __future__ import annotations``); torch before 2.7
+# evaluates them in its own namespace, which has ``tuple`` and ``Tensor`` but not ``typing.Tuple``.
+
 
 @torch.library.custom_op("flashlab::attention_forward", mutates_args=())
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
-                      allow_tf32: bool) -> Tuple[Tensor, Tensor]:
+                      allow_tf32: bool) -> tuple[Tensor, Tensor]:
     """O (B, H, Nq, D) in q's dtype and LSE (B, H, Nq) float32.  Inputs are checked by the caller."""
     o, lse = _host._forward(q, k, v, causal, scale, allow_tf32)
     return o.contiguous(), lse
@@ -44,7 +45,7 @@ def _(q, k, v, causal, scale, allow_tf32):
 
 @torch.library.custom_op("flashlab::attention_backward", mutates_args=())
 def attention_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor,
-                       causal: bool, scale: float, allow_tf32: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                       causal: bool, scale: float, allow_tf32: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dQ, dK, dV (shaped like q, k, v, contiguous) from the forward's inputs, outputs and dO."""
     dq, dk, dv = _host._backward(q, k, v, o, lse, do, causal, scale, allow_tf32)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()

@@ -31,7 +31,7 @@ What the host side does (the kernels are forward v4 and backward v5, one constex
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -388,12 +388,14 @@ class _VariantAttention(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------------------- custom operators
+# (return annotations spelled ``tuple[...]``: torch before 2.7 evaluates them in its own namespace, which has
+# ``tuple``, ``Optional`` and ``Tensor`` but not ``Tuple``)
 
 @torch.library.custom_op("flashlab::variant_forward", mutates_args=())
 def variant_forward(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], slopes: Optional[Tensor],
                     cu_q: Optional[Tensor], cu_k: Optional[Tensor], max_q: int, max_k: int, left: int, right: int,
                     softcap: float, dropout_p: float, seed: int, scale: float,
-                    allow_tf32: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                    allow_tf32: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(O, LSE, seed as a 1-element int64 CPU tensor).  seed < 0 with dropout: drawn here."""
     o, lse, used = _forward(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p,
                             seed, scale, allow_tf32)
@@ -413,7 +415,7 @@ def _(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dro
 def variant_backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, do: Tensor, mask: Optional[Tensor],
                      slopes: Optional[Tensor], cu_q: Optional[Tensor], cu_k: Optional[Tensor], max_q: int, max_k: int,
                      left: int, right: int, softcap: float, dropout_p: float, seed: Tensor, scale: float,
-                     allow_tf32: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                     allow_tf32: bool) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = _backward(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap,
                            dropout_p, int(seed.item()), scale, allow_tf32)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()

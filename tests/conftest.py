@@ -8,13 +8,24 @@ import flashlab  # noqa: F401  (settles GPU vs interpreter before any kernel imp
 from flashlab import device
 
 
+def _descriptors() -> bool:
+    """Whether this Triton has tensor descriptors (3.4 on): without them the plan runs the pointer versions."""
+    try:
+        from flashlab.kernels import plan
+    except ImportError:      # no Triton: the tests that need it skip themselves
+        return True
+    return plan.DEVICE_DESCRIPTORS and plan.device_facts().host_descriptors
+
+
 def pytest_collection_modifyitems(config, items):
-    if device.DEVICE.type == "cuda":
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (compiled Triton)")
+    no_descriptors = None if _descriptors() else pytest.mark.skip(
+        reason="needs tensor descriptors (Triton >= 3.4); this Triton's plan runs the pointer versions")
+    gpu = None if device.DEVICE.type == "cuda" else pytest.mark.skip(reason="needs a CUDA GPU (compiled Triton)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if gpu is not None and "gpu" in item.keywords:
+            item.add_marker(gpu)
+        if no_descriptors is not None and "descriptors" in item.keywords:
+            item.add_marker(no_descriptors)
 
 
 @pytest.fixture

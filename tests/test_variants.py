@@ -299,6 +299,7 @@ def test_varlen_matches_float64(rng, label, kw):
 DESCRIPTOR_CASES = [c for c in CASES if c[0] in ("mqa causal fp16", "window+causal D=24 fp16", "everything bf16")]
 
 
+@pytest.mark.descriptors
 @pytest.mark.parametrize("case", DESCRIPTOR_CASES, ids=[c[0] for c in DESCRIPTOR_CASES])
 def test_descriptor_path_matches_float64(rng, case, monkeypatch):
     """The Hopper path (the streamed K/V, Q/dO tiles through tensor descriptors, zero past the end), run in the
@@ -308,6 +309,7 @@ def test_descriptor_path_matches_float64(rng, case, monkeypatch):
     assert not forward_v4.DESCRIPTOR_ERRORS
 
 
+@pytest.mark.descriptors
 def test_descriptor_path_varlen_with_dropout(rng, monkeypatch):
     """The descriptor path over packed sequences (an empty one included), causal, with dropout."""
     monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
@@ -331,7 +333,7 @@ def test_descriptor_compile_failure_falls_back_to_pointers_once(monkeypatch):
     with pytest.warns(RuntimeWarning, match="pointer loads run instead"):
         forward_v4.run_step(step, kern, (), {"TMA": True}, None, "fwd")
     assert calls == [True, False] and "PassManager" in forward_v4.DESCRIPTOR_ERRORS[0]
-    plan = type("P", (), {"facts": type("F", (), {"interpret": False, "hopper": True})()})()
+    plan = type("P", (), {"facts": type("F", (), {"interpret": False, "hopper": True, "device_descriptors": True})()})()
     assert not forward_v4.use_descriptors(plan, torch.zeros(4, 16))          # from then on: pointers
     monkeypatch.setattr(device, "INTERPRET", True)
     with pytest.raises(RuntimeError):                                          # the interpreter: raised

@@ -62,7 +62,8 @@ def _here() -> DeviceFacts:
     """This device's facts as :mod:`flashlab.device` reports them now (tests replace device.capability)."""
     f = plan.device_facts()
     cc = device.capability()
-    return f if cc == f.cc else DeviceFacts(f.name, cc, f.shared_memory, f.interpret, f.index, f.host_descriptors)
+    return f if cc == f.cc else DeviceFacts(f.name, cc, f.shared_memory, f.interpret, f.index, f.host_descriptors,
+                                                    f.device_descriptors)
 
 
 def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None,

@@ -353,10 +353,11 @@ DESCRIPTOR_ERRORS: list = []         # the descriptor path failed to compile her
 def use_descriptors(plan, *tensors) -> bool:
     """Whether forward v4 (and backward v5) load their streamed tiles through tensor descriptors: on Hopper (TMA),
     when every tensor has a unit last stride and 16-byte aligned base and strides (packed tensors too: a
-    sequence's rows start at a multiple of the row stride).  Elsewhere the pointer loads (v2's) run."""
+    sequence's rows start at a multiple of the row stride), and this Triton has ``tl.make_tensor_descriptor``
+    (3.4 on; the plan says so otherwise).  Elsewhere the pointer loads (v2's) run."""
     from .plan import tma_ok
     on = DESCRIPTORS_IN_INTERPRETER if plan.facts.interpret else plan.facts.hopper
-    return bool(on) and not DESCRIPTOR_ERRORS and tma_ok(*tensors)
+    return bool(on) and plan.facts.device_descriptors and not DESCRIPTOR_ERRORS and tma_ok(*tensors)
 
 
 def run_step(step, kern, args, consts, runners, key):

@@ -37,6 +37,8 @@ import functools
 from dataclasses import dataclass, field
 
 import torch
+import triton
+import triton.language as tl
 
 from .. import device
 from . import (backward, backward_v2, backward_v3, backward_v4, backward_v5, forward, forward_v2, forward_v3,
@@ -70,19 +72,27 @@ class DeviceFacts:
     interpret: bool
     index: int | None = None
     host_descriptors: bool = True   # triton.tools.tensor_descriptor (backward v4) is importable
+    device_descriptors: bool = True   # tl.make_tensor_descriptor (forward v3, backward v3, v4 / v5's TMA loads)
 
     @property
     def hopper(self) -> bool:
         return self.cc is not None and self.cc[0] >= 9
 
 
+# Tensor descriptors made in a kernel (tl.make_tensor_descriptor, with triton.set_allocator's scratch buffer) and
+# on the host (triton.tools.tensor_descriptor) both arrive in Triton 3.4; with an older Triton the plan runs the
+# pointer versions and says why.
+DEVICE_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor") and hasattr(triton, "set_allocator")
+NO_DESCRIPTORS = f"this Triton ({triton.__version__}) has no tensor descriptors (Triton >= 3.4)"
+
+
 @functools.lru_cache(maxsize=None)
 def _facts_of(index) -> DeviceFacts:
     host = backward_v4.TensorDescriptor is not None
     if index is None:
-        return DeviceFacts("Triton interpreter (CPU)", None, None, True, None, host)
+        return DeviceFacts("Triton interpreter (CPU)", None, None, True, None, host, DEVICE_DESCRIPTORS)
     return DeviceFacts(torch.cuda.get_device_name(index), device._capability_of(index), device._shared_memory_of(index),
-                       False, index, host)
+                       False, index, host, DEVICE_DESCRIPTORS)
 
 
 def device_facts() -> DeviceFacts:
@@ -456,6 +466,8 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
         versions["fwd"], reasons["fwd"] = fv, "forced by the caller"
     if bv is not None:
         versions["bwd"], reasons["bwd"] = bv, "forced by the caller"
+    if versions["fwd"] == "v3" and not facts.device_descriptors:
+        versions["fwd"], reasons["fwd"] = "v2", f"v3 wanted, but {NO_DESCRIPTORS}: v2"
     if versions["fwd"] == "v3" and not layout.tma:
         versions["fwd"], reasons["fwd"] = "v2", ("v3 wanted, but tensor descriptors need a unit last stride and "
                                                  "16-byte aligned base and strides: v2")
@@ -466,7 +478,13 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
                                                      "program) runs")
         else:
             versions["bwd"], reasons["bwd"] = "v2", ("v4 wanted, but this Triton has no host tensor descriptors "
-                                                     "(nor v3's): v2")
+                                                     "(triton.tools.tensor_descriptor, Triton >= 3.4): v2")
+    if versions["bwd"] == "v3" and not facts.device_descriptors:
+        versions["bwd"], reasons["bwd"] = "v2", f"v3 wanted, but {NO_DESCRIPTORS}: v2"
+    if (versions["fwd"] == "v4" or versions["bwd"] == "v5") and facts.hopper and not facts.device_descriptors:
+        for d, ver in (("fwd", "v4"), ("bwd", "v5")):
+            if versions[d] == ver:
+                reasons[d] += f"; {NO_DESCRIPTORS}: its streamed tiles load through pointers, not TMA"
     if versions["bwd"] in ("v3", "v4") and not layout.tma:
         versions["bwd"], reasons["bwd"] = "v2", (f"{versions['bwd']} wanted, but tensor descriptors need a unit last "
                                                  "stride and 16-byte aligned base and strides: v2")
