@@ -291,7 +291,9 @@ def test_wild_store_crash_becomes_a_report():
     assert r.cases[0].status == "crash" and any("out-of-bounds" in d for d in r.cases[0].details)
     from flashlab.grader.exercises import EXERCISES
     n_cases = len(EXERCISES["flash_forward"].make_cases(np.random.default_rng(16)))
-    assert len(r.cases) == n_cases and all(c.status == "crash" for c in r.cases), str(r)  # each run, reported
+    # each case runs and its crash is reported; a store 100 MB past a buffer can land in memory that is mapped
+    # (a large allocation of an earlier test), so now and then a case survives it (seen once: 17 of 18 crashed)
+    assert len(r.cases) == n_cases and sum(c.status == "crash" for c in r.cases) >= n_cases - 2, str(r)
     assert grade("online_softmax", own_online_softmax).passed       # and this process still grades
 
 
