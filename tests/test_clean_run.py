@@ -84,6 +84,11 @@ def test_the_last_definition_counts():
     ("    exec('y.copy_(x)')", "", "`exec` is not available"),
     ("    try:\n        pass\n    except Exception:\n        pass", "", "`try` is not allowed"),
     ("    def inner():\n        pass", "", "helper functions at the top level"),
+    # a helper of the notebook's own may hand back a tensor: what it returns is treated as one
+    ("    t = same(x)\n    w = t * 2", "def same(a):\n    return a\n", "arithmetic on a tensor"),
+    ("    same(y)[:, 0] = 0.0", "def same(a):\n    return a\n", "indexing a tensor"),
+    ("    w = same(x) + 1", "def same(a):\n    return a\n", "arithmetic on a tensor"),
+    ("    (t := x.contiguous())\n    w = t / 2", "", "arithmetic on a tensor"),
     (RIGHT + "\n    t = torch.empty_like(x)", "def torch():\n    pass\n", "names a module"),
 ])
 def test_what_a_host_function_may_not_do_is_refused_with_its_reason(body, extra, says):

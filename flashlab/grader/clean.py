@@ -53,6 +53,8 @@ KERNEL_BUILTINS = {"range", "min", "max", "float", "int", "bool", "len", "abs", 
 VALUE_BUILTINS = {"int", "float", "bool", "tuple", "list", "dict", "abs", "enumerate", "zip", "print", "round",
                   "divmod", "pow", "str", "min", "max", "sum"}
 ALLOCATORS = {"empty", "empty_like", "zeros", "zeros_like", "full", "full_like", "empty_strided"}
+SCALAR_ATTRS = {"shape", "dtype", "device", "is_cuda", "ndim", "element_ty"}            # a tensor's metadata
+SCALAR_METHODS = {"stride", "size", "numel", "element_size", "dim", "data_ptr", "is_contiguous"}
 TENSOR_RESULTS = {"contiguous"}          # host tensor methods that return a tensor
 _FORBIDDEN_NODES = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.ClassDef, ast.AsyncFunctionDef,
                     ast.Await, ast.Yield, ast.YieldFrom, ast.Delete, ast.With, ast.AsyncWith, ast.Try)
@@ -124,22 +126,38 @@ class _Checker(ast.NodeVisitor):
 
     # -- the tensor-valued expressions of host code (conservative: parameters and what derives from them)
     def is_tensor(self, node) -> bool:
-        if self.kernel:
+        """Whether a host expression may be a tensor: conservative, so only what is known to be a number, a
+        shape, a dtype or a launch is not (a call of the notebook's own helper may return a tensor)."""
+        if self.kernel or node is None:
             return False
         if isinstance(node, ast.Name):
             return node.id in self.tensors
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(self.is_tensor(e) for e in node.elts)
+        if isinstance(node, ast.Attribute):
+            return node.attr not in SCALAR_ATTRS and self.is_tensor(node.value)
         if isinstance(node, ast.Subscript):
             return self.is_tensor(node.value)
         if isinstance(node, ast.Call):
             f = node.func
+            if isinstance(f, ast.Subscript):                       # kernel[grid](...): a launch returns nothing
+                return False
             if isinstance(f, ast.Attribute):
-                if isinstance(f.value, ast.Name) and f.value.id == "torch" and f.attr in ALLOCATORS:
+                if isinstance(f.value, ast.Name) and f.value.id in MODULES and f.value.id not in self.locals:
+                    return f.value.id == "torch" and f.attr in ALLOCATORS
+                return f.attr in TENSOR_RESULTS or f.attr not in SCALAR_METHODS
+            if isinstance(f, ast.Name):
+                if f.id in self.top and f.id not in self.locals:  # the notebook's own function: may return one
                     return True
-                return f.attr in TENSOR_RESULTS and self.is_tensor(f.value)
-            return False
-        if isinstance(node, (ast.IfExp,)):
+                return f.id not in HOST_BUILTINS and f.id not in VALUE_BUILTINS
+            return True
+        if isinstance(node, ast.BinOp):
+            return self.is_tensor(node.left) or self.is_tensor(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return self.is_tensor(node.operand)
+        if isinstance(node, ast.IfExp):
             return self.is_tensor(node.body) or self.is_tensor(node.orelse)
-        if isinstance(node, ast.Starred):
+        if isinstance(node, (ast.Starred, ast.NamedExpr)):
             return self.is_tensor(node.value)
         return False
 
@@ -153,8 +171,11 @@ class _Checker(ast.NodeVisitor):
             while changed:
                 changed = False
                 for node in ast.walk(self.fn):
-                    if isinstance(node, ast.Assign) and self.is_tensor(node.value):
-                        for t in node.targets:
+                    value = getattr(node, "value", None)
+                    targets = (node.targets if isinstance(node, ast.Assign) else
+                               [node.target] if isinstance(node, (ast.AnnAssign, ast.NamedExpr, ast.AugAssign)) else [])
+                    if targets and self.is_tensor(value):
+                        for t in targets:
                             for n in ast.walk(t):
                                 if isinstance(n, ast.Name) and n.id not in self.tensors:
                                     self.tensors.add(n.id)
@@ -378,6 +399,9 @@ class _NumpyChecker(_Checker):
 
     def visit_BinOp(self, node):
         self.generic_visit(node)
+
+    def is_tensor(self, node) -> bool:     # NumPy answers compute on their arrays: that is the exercise
+        return False
 
 
 def extract(notebook: bytes, exercise: str, mode: str = "kernel"):
