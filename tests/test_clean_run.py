@@ -188,3 +188,28 @@ def test_numpy_code_may_use_numpy_math_helpers_and_nested_functions():
                "    return p @ v\ngrade('attention_naive', attention_naive)\n")
     parts, fn = clean.extract(data, "attention_naive", "numpy")
     assert [p[2] for p in parts] == ["EPS", "helper", "attention_naive"] and fn == "attention_naive"
+
+
+def test_a_clean_run_refuses_a_tensor_handed_to_a_constexpr():
+    """The interpreter hands a tl.constexpr argument to the kernel as it is: a torch tensor there would let the
+    kernel compute with torch. The clean run's preamble makes such a launch raise."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    @triton.jit
+    def k(X, Y: tl.constexpr):
+        pass
+    saved = InterpretedFunction.run, JITFunction.run
+    try:
+        clean.guard_launches()
+        clean.guard_launches()                               # once is enough; twice changes nothing
+        x = torch.zeros(4)
+        k[(1,)](x, 3)
+        with pytest.raises(TypeError, match="tl.constexpr `Y`"):
+            k[(1,)](x, x)
+    finally:
+        InterpretedFunction.run, JITFunction.run = saved

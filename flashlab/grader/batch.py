@@ -468,7 +468,13 @@ class Grader:
             graded[name] = (parts, fn, mode)
         if not graded:
             return out
-        res = self._run_notebook(slot, clean.notebook(graded), clean_of=set(graded))
+        try:
+            source = clean.notebook(graded)
+        except Exception as e:   # noqa: BLE001 - code too deep to write back out: never a pass
+            return {**out, **{name: {"status": "error", "cases_passed": 0, "cases": first[name].get("cases", 0),
+                                     "message": f"the grader could not write the exercise's code out "
+                                                f"({type(e).__name__})", "clean_run": "refused"} for name in graded}}
+        res = self._run_notebook(slot, source, clean_of=set(graded))
         run = res["run"]
         for name in graded:
             v = run.grades.get(name)

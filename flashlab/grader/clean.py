@@ -167,9 +167,11 @@ class _Checker(ast.NodeVisitor):
         for default in self.fn.args.defaults + [x for x in self.fn.args.kw_defaults if x is not None]:
             self.visit(default)
         if not self.kernel:            # the tensors a host function makes: names bound to tensor expressions
-            changed = True
+            changed, passes = True, 0
             while changed:
-                changed = False
+                changed, passes = False, passes + 1
+                if passes > 20:
+                    self.refuse(self.fn, "too many names bound to one another to follow: simplify the function")
                 for node in ast.walk(self.fn):
                     value = getattr(node, "value", None)
                     targets = (node.targets if isinstance(node, ast.Assign) else
@@ -201,8 +203,8 @@ class _Checker(ast.NodeVisitor):
                 and n not in (KERNEL_BUILTINS if self.kernel else HOST_BUILTINS):
             self.refuse(node, f"`{n}` is not available to graded code: it may use its own kernels, functions and "
                               "constants, `tl`, `triton`, `math`, `torch` (to allocate) and the tensors it is given")
-        if n == "device" and self.kernel:
-            self.refuse(node, "`device` is for host code")
+        if n in ("device", "torch", "math") and self.kernel and n not in self.locals:
+            self.refuse(node, f"`{n}` is for host code: a kernel computes with `tl`")
 
     def visit_Attribute(self, node):
         if node.attr.startswith("_"):
@@ -265,6 +267,8 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Subscript(self, node):
+        if self.kernel and isinstance(node.ctx, ast.Store):
+            self.refuse(node, "an indexed assignment in a kernel: a kernel writes memory with tl.store")
         if not self.kernel and self.is_tensor(node.value):
             self.refuse(node, "indexing a tensor in host code (reading or writing its values): pass the tensor to "
                               "the kernel and index there")
@@ -303,14 +307,20 @@ def _cells(notebook: bytes) -> list:
 
 
 def _constant(node) -> bool:
+    if sum(1 for _ in ast.walk(node)) > 64:       # a constant is a number or a small tuple, not a deep expression
+        return False
+    return _constant_expr(node)
+
+
+def _constant_expr(node) -> bool:
     if isinstance(node, ast.Constant):
         return True
     if isinstance(node, (ast.Tuple, ast.List)):
-        return all(_constant(e) for e in node.elts)
+        return all(_constant_expr(e) for e in node.elts)
     if isinstance(node, ast.UnaryOp):
-        return _constant(node.operand)
+        return _constant_expr(node.operand)
     if isinstance(node, ast.BinOp):
-        return _constant(node.left) and _constant(node.right)
+        return _constant_expr(node.left) and _constant_expr(node.right)
     return False
 
 
@@ -331,7 +341,18 @@ NUMPY_SUBMODULES = {"linalg", "fft", "random"}
 NUMPY_DENIED = {"load", "save", "savez", "savez_compressed", "fromfile", "memmap", "loadtxt", "savetxt", "genfromtxt",
                 "fromregex", "DataSource", "show_config", "show_runtime", "info", "lookfor", "source", "get_include",
                 "ctypeslib", "set_printoptions"}
-NUMPY_VALUE_DENIED = {"ctypes", "tofile", "dump", "dumps", "setflags"}
+NUMPY_VALUE_DENIED = {"ctypes", "tofile", "dump", "dumps", "setflags", "base", "data"}
+NUMPY_DENIED_WORDS = ("load", "save", "file", "test", "info", "source", "print", "doc", "errcall", "memmap", "eval",
+                      "who", "buffer", "config", "runtime", "include", "deprecat")
+
+
+def _numpy_value_attrs() -> set:
+    """What NumPy code may ask of a value: an array's public attributes and methods (and a dtype's, finfo's), not
+    what reaches files, raw memory or the interpreter (a generator's frame, a function's globals ...)."""
+    import numpy as np
+    names = {n for n in dir(np.ndarray) if not n.startswith("_")}
+    names |= {"eps", "tiny", "kind", "itemsize", "name", "resolution", "bits", "smallest_normal"}
+    return names - NUMPY_VALUE_DENIED
 
 
 def _numpy_modules() -> set:
@@ -349,6 +370,7 @@ class _NumpyChecker(_Checker):
         super().__init__(fn, top, cell)
         self.kernel, self.tensors = False, set()
         self.np_modules = _numpy_modules() - NUMPY_SUBMODULES
+        self.value_attrs = _numpy_value_attrs()
 
     def check(self):
         if self.fn.decorator_list:
@@ -384,15 +406,32 @@ class _NumpyChecker(_Checker):
             base = base.value
         chain.reverse()
         if isinstance(base, ast.Name) and base.id in ("np", "math") and base.id not in self.locals:
-            if base.id == "np" and (chain[0] in self.np_modules or chain[0] in NUMPY_DENIED
-                                    or (chain[0] in NUMPY_SUBMODULES and len(chain) > 2)):
+            if base.id == "np" and not self._np_chain_ok(chain):
                 self.refuse(node, f"`np.{'.'.join(chain)}` is not available to graded code (NumPy's computing "
-                                  "functions are; its files, C interfaces and internals are not)")
+                                  "functions are; its files, C interfaces, tests and internals are not)")
+            if base.id == "math" and len(chain) > 1:
+                self.refuse(node, f"`math.{'.'.join(chain)}`: use math's functions and constants")
             return
         self.visit(base)
-        bad = [a for a in chain if a in NUMPY_VALUE_DENIED]
+        bad = [a for a in chain if a not in self.value_attrs]
         if bad:
-            self.refuse(node, f"`.{bad[0]}` is not available to graded code")
+            self.refuse(node, f"`.{bad[0]}` is not available to graded code (an array's attributes and methods are)")
+
+    def _np_chain_ok(self, chain) -> bool:
+        import numpy as np
+        first = chain[0]
+        if first in self.np_modules or first in NUMPY_DENIED or any(w in first.lower() for w in NUMPY_DENIED_WORDS):
+            return False
+        rest = chain[1:]
+        if first in NUMPY_SUBMODULES:
+            if not rest:
+                return True
+            import types
+            second = getattr(getattr(np, first), rest[0], None)
+            if isinstance(second, types.ModuleType) or any(w in rest[0].lower() for w in NUMPY_DENIED_WORDS):
+                return False
+            rest = rest[1:]
+        return all(a in self.value_attrs for a in rest)
 
     def visit_Call(self, node):
         self.generic_visit(node)
@@ -462,7 +501,39 @@ def source_of(parts) -> str:
 
 PREAMBLE = {"numpy": "import math\nimport numpy as np\nfrom flashlab.grader import grade\n",
             "kernel": "import math\nimport torch\nimport triton\nimport triton.language as tl\nfrom flashlab import device\n"
-                      "from flashlab.grader import grade\n"}
+                      "from flashlab.grader import grade\nimport flashlab.grader.clean\n"
+                      "flashlab.grader.clean.guard_launches()\n"}
+
+
+def guard_launches() -> None:
+    """In a clean run: a launch that hands a torch tensor to a ``tl.constexpr`` parameter raises (the interpreter
+    would give the kernel the tensor itself, to compute on with torch instead of tl)."""
+    import inspect
+
+    import torch
+    classes = []
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    except ImportError:   # pragma: no cover
+        pass
+    from triton.runtime.jit import JITFunction
+    classes.append(JITFunction)
+    for cls in classes:
+        orig = cls.run
+        if getattr(orig, "flashlab_guard", False):
+            continue
+
+        def run(self, *args, _orig=orig, **kwargs):
+            sig = inspect.signature(self.fn)
+            bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+            for name, val in bound.arguments.items():
+                if isinstance(val, torch.Tensor) and "constexpr" in str(sig.parameters[name].annotation):
+                    raise TypeError(f"a tensor passed to the kernel's tl.constexpr `{name}`: tensors go to pointer "
+                                    "parameters")
+            return _orig(self, *args, **kwargs)
+        run.flashlab_guard = True
+        cls.run = run
 
 
 def notebook(graded: dict) -> bytes:
