@@ -94,10 +94,14 @@ def _check_decorators(fn: ast.FunctionDef, cell: int) -> None:
                       "@triton.jit (innermost) and @triton.autotune / @triton.heuristics on top of it")
 
 
-def _root(node):
-    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        node = node.value if not isinstance(node, ast.Call) else node.func
-    return node
+def _chain(node: ast.Attribute):
+    """``a.b.c`` -> (["b", "c"], the node of ``a``)."""
+    chain, base = [node.attr], node.value
+    while isinstance(base, ast.Attribute):
+        chain.append(base.attr)
+        base = base.value
+    chain.reverse()
+    return chain, base
 
 
 class _Checker(ast.NodeVisitor):
@@ -209,11 +213,7 @@ class _Checker(ast.NodeVisitor):
     def visit_Attribute(self, node):
         if node.attr.startswith("_"):
             self.refuse(node, f"the attribute `.{node.attr}` (names starting with `_` are not allowed)")
-        chain, base = [node.attr], node.value
-        while isinstance(base, ast.Attribute):
-            chain.append(base.attr)
-            base = base.value
-        chain.reverse()
+        chain, base = _chain(node)
         if isinstance(base, ast.Name) and base.id in MODULES and base.id not in self.locals:
             mod = base.id
             if mod == "triton" and chain[0] == "language":
@@ -400,11 +400,7 @@ class _NumpyChecker(_Checker):
     def visit_Attribute(self, node):
         if node.attr.startswith("_"):
             self.refuse(node, f"the attribute `.{node.attr}` (names starting with `_` are not allowed)")
-        chain, base = [node.attr], node.value
-        while isinstance(base, ast.Attribute):
-            chain.append(base.attr)
-            base = base.value
-        chain.reverse()
+        chain, base = _chain(node)
         if isinstance(base, ast.Name) and base.id in ("np", "math") and base.id not in self.locals:
             if base.id == "np" and not self._np_chain_ok(chain):
                 self.refuse(node, f"`np.{'.'.join(chain)}` is not available to graded code (NumPy's computing "
