@@ -12,6 +12,7 @@ Timings need a CUDA GPU; in the interpreter every timing function raises.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 import torch
@@ -229,27 +230,53 @@ class OverheadRow:
     status: str = "ok"
 
 
-def _wall_per_call(fn, calls: int, repeats: int) -> float:
+def _wall_per_call(fn, calls: int) -> float:
+    """Microseconds per call of ``calls`` back-to-back calls, the GPU drained before and after."""
     import time
-    for _ in range(max(20, calls // 10)):    # warm-up: compile, fill caches
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
         fn()
     torch.cuda.synchronize()
-    per = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        per.append((time.perf_counter() - t0) / calls * 1e6)
-    per.sort()
-    return per[len(per) // 2]
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+class _PythonFloor(torch.autograd.Function):
+    """The least a Python-level op pays: autograd's Python node, the outputs allocated, no kernel launched.
+    ``overhead``'s "python floor" provider: what flashlab's op would cost if its kernels and its own host code
+    took no time (SDPA's autograd node and launches are C++)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        o = torch.empty_like(q)
+        lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+OVERHEAD_PROVIDERS = ("sdpa", "flashlab", "python floor")
 
 
 def overhead(B=1, H=1, N=128, D=64, dtypes=(torch.float16, torch.bfloat16), causal=False, calls=2000, repeats=5,
-             providers=("sdpa", "flashlab")) -> list:
+             providers=OVERHEAD_PROVIDERS) -> list:
     """Per-call wall clock of back-to-back calls at a problem whose GPU work is a few microseconds, so what is
     measured is the host's work (validation, allocation, the launch path, autograd).  ``sdpa`` is PyTorch's
-    default choice of backend; every provider is first checked against a float32 reference."""
+    default choice of backend; every provider that computes attention is first checked against a float32
+    reference; "python floor" computes nothing: the forward allocates O and the LSE, and with a gradient it is
+    :class:`_PythonFloor`, a Python autograd node that allocates the outputs and the gradients and launches no
+    kernel: the cost of being a Python op at all.
+
+    The providers take turns: each of ``repeats`` rounds times every provider for ``calls`` calls, so a drift
+    of the host's speed during the run (seen: the same call 310 us in one minute and 460 the next) reaches
+    every provider alike.  ``us_per_call`` is the median over the rounds; ``ratio`` is the median of the
+    per-round ratios to SDPA."""
     _require_gpu()
     from triton.testing import do_bench
     rows = []
@@ -258,32 +285,47 @@ def overhead(B=1, H=1, N=128, D=64, dtypes=(torch.float16, torch.bfloat16), caus
         q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
         tol = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 1e-3}[dtype]
-        base = {}
         for mode in ("fwd", "fwd+bwd"):
+            timed = []   # (row, call)
             for name in providers:
                 if name == "sdpa":
                     f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                elif name == "python floor" and mode == "fwd":   # no autograd node: the two allocations
+                    f = lambda q, k, v: (torch.empty_like(q), torch.empty(q.shape[:3], device=q.device))[0]  # noqa: E731
+                elif name == "python floor":
+                    f = lambda q, k, v: _PythonFloor.apply(q, k, v)[0]  # noqa: E731
                 else:
                     f = lambda q, k, v: flash_attention(q, k, v, causal)  # noqa: E731
                 row = OverheadRow(name, mode, str(dtype).replace("torch.", ""), causal, B, H, N, D)
                 rows.append(row)
                 try:
-                    err = (f(q, k, v).float() - ref).abs().max().item()
-                    if not err <= tol:
-                        row.status = f"WRONG (max error {err:.3g})"
-                        continue
+                    if name != "python floor":
+                        err = (f(q, k, v).float() - ref).abs().max().item()
+                        if not err <= tol:
+                            row.status = f"WRONG (max error {err:.3g})"
+                            continue
                     if mode == "fwd":
-                        call = lambda: f(q, k, v)  # noqa: E731
+                        call = lambda f=f: f(q, k, v)  # noqa: E731
                     else:
                         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-                        call = lambda: torch.autograd.grad(f(qg, kg, vg), (qg, kg, vg), do)  # noqa: E731
-                    row.us_per_call = _wall_per_call(call, calls, repeats)
-                    row.gpu_us = do_bench(call, return_mode="median") * 1e3
+                        call = lambda f=f, qg=qg, kg=kg, vg=vg: torch.autograd.grad(  # noqa: E731
+                            f(qg, kg, vg), (qg, kg, vg), do)
+                    for _ in range(max(20, calls // 10)):    # warm-up: compile, fill caches
+                        call()
+                    timed.append((row, call))
                 except Exception as e:
                     row.status = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
-                    continue
-                base.setdefault(mode, row.us_per_call if name == "sdpa" else math.nan)
-                row.ratio = row.us_per_call / base.get(mode, math.nan)
+            rounds = {id(row): [] for row, _ in timed}
+            for _ in range(repeats):
+                for row, call in timed:
+                    rounds[id(row)].append(_wall_per_call(call, calls))
+            base = next((rounds[id(row)] for row, _ in timed if row.provider == "sdpa"), None)
+            for row, call in timed:
+                per = rounds[id(row)]
+                row.us_per_call = statistics.median(per)
+                if base is not None:
+                    row.ratio = statistics.median(t / b for t, b in zip(per, base))
+                row.gpu_us = do_bench(call, return_mode="median") * 1e3
     return rows
 
 

@@ -27,6 +27,8 @@ def main():
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="K",
+                    help="also print Python's own profile of flashlab's calls: the K functions with most own time")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("host_profile.py profiles GPU launches: run it on a CUDA machine")
@@ -66,6 +68,29 @@ def main():
                 f"{e.key[:50]} {e.device_time_total / a.calls:.1f} us" for e in kernels))
         except Exception as e:   # the profiler's fields differ between torch versions
             lines.append(f"(GPU kernel list unavailable: {e})")
+    if a.cprofile:
+        import cProfile
+        import io
+        import pstats
+        fn = providers["flashlab"]
+        fwd = lambda: flashlab.flash_attention(qg, kg, vg)    # noqa: E731
+        for label, f in (("forward with grad (graph built, no backward)", fwd), ("forward + backward", fn)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(a.calls):
+                f()
+            torch.cuda.synchronize()
+            lines.append(f"== flashlab {label}: {(time.perf_counter() - t0) / a.calls * 1e6:.1f} us per call (wall)")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.calls):
+            fn()
+        torch.cuda.synchronize()
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(a.cprofile)
+        lines.append(f"== cProfile, flashlab fwd+bwd, {a.calls} calls (times are totals):")
+        lines.append(buf.getvalue())
     text = "\n".join(lines)
     if a.out:
         with open(a.out, "w") as f:

@@ -65,8 +65,7 @@ def test_no_n_squared_memory():
 def test_overhead_benchmark_rows():
     """bench.overhead: every provider checked and timed beside SDPA, per call and on the GPU."""
     rows = bench.overhead(calls=50, repeats=2, dtypes=(torch.float16,))
-    assert [(r.provider, r.mode) for r in rows] == [("sdpa", "fwd"), ("flashlab", "fwd"), ("sdpa", "fwd+bwd"),
-                                                    ("flashlab", "fwd+bwd")]
+    assert [(r.provider, r.mode) for r in rows] == [(p, m) for m in ("fwd", "fwd+bwd") for p in bench.OVERHEAD_PROVIDERS]
     assert all(r.status == "ok" and r.us_per_call > 0 and r.gpu_us > 0 for r in rows), bench.format_overhead(rows)
-    assert rows[0].ratio == 1.0 and rows[1].ratio > 0
+    assert rows[0].ratio == 1.0 and all(r.ratio > 0 for r in rows)
     assert "x SDPA" in bench.format_overhead(rows)
