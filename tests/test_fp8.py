@@ -16,9 +16,10 @@ arithmetic, 1e-4 max|V| (an exponent of |x| <= 10^3 carries 10^3 * 2^-24 = 6e-5 
 The op (``flash_attention(..., fp8=True)``) also quantises Q, K and V.  Its error against float64 of the
 *original* inputs is then at most that quantisation's effect, measured exactly in float64 (attention of the
 dequantised inputs minus attention of the originals), plus the kernel's bound above.  The quantisation's
-effect is the large term: each logit moves by about sigma = 0.05 for unit-normal q, k (two relative errors of
-rms 2^-3 / sqrt(12) each, summed over D products and scaled by 1 / sqrt(D)), so O moves by about sigma times
-the spread of V; for unit-normal inputs the tests hold it to 0.25 (5 sigma).
+effect is the large term: each logit moves by about sigma = sqrt(2) * 0.03 = 0.04 for unit-normal q, k (two
+relative errors of rms at most 2^-3 / sqrt(12) = 0.036, 0.027 measured, per product, summed over D products and
+scaled by 1 / sqrt(D)), so O moves by about sigma times the spread of V; for unit-normal inputs the tests hold
+it to 0.25 (about 6 sigma).
 """
 import math
 
