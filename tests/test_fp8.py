@@ -107,12 +107,13 @@ def test_one_key_tile_matches_an_exact_emulation(rng):
     k8, ks = quantize_fp8(k)
     vt8, vs = quantize_fp8(v, transpose=True)
     o = flash_attention_fp8(q8, k8, vt8, qs, ks, vs, out_dtype=torch.float32)
-    x = (q8.float() @ k8.float().transpose(-1, -2)) * (qs * ks * (1 / math.sqrt(32) * math.log2(math.e)))[..., None, None]
+    qk_scale = (qs * ks * (1 / math.sqrt(32) * math.log2(math.e)))[..., None, None]
+    x = (q8.float() @ k8.float().transpose(-1, -2)) * qk_scale
     p = torch.exp2(x - x.amax(-1, keepdim=True))
-    emul = (p.to(FP8_DTYPE).double() @ vt8.double().transpose(-1, -2)) * vs.double()[..., None, None] \
-        / p.double().sum(-1, keepdim=True)
+    v64, l64 = vt8.double().transpose(-1, -2) * vs.double()[..., None, None], p.double().sum(-1, keepdim=True)
+    emul = (p.to(FP8_DTYPE).double() @ v64) / l64
     assert (o.double() - emul).abs().max().item() < 1e-5 * emul.abs().max().item()
-    unrounded = (p.double() @ vt8.double().transpose(-1, -2)) * vs.double()[..., None, None] / p.double().sum(-1, keepdim=True)
+    unrounded = (p.double() @ v64) / l64
     assert (o.double() - unrounded).abs().max().item() > 1e-3    # P really is rounded to e4m3
 
 
@@ -275,5 +276,6 @@ def test_gpu_fp8_forward(rng, causal, D):
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
     o = flash_attention(q, k, v, is_causal=causal, fp8=True)
     o64, *_ = _attention64(q.double(), k.double(), v.double(), causal, 1 / math.sqrt(D))
-    od, a, lsum, v_rep, _ = _attention64(*(dequantize_fp8(*quantize_fp8(t)) for t in (q, k, v)), causal, 1 / math.sqrt(D))
+    deq = (dequantize_fp8(*quantize_fp8(t)) for t in (q, k, v))
+    od, a, lsum, v_rep, _ = _attention64(*deq, causal, 1 / math.sqrt(D))
     assert ((o.double() - o64).abs() <= (od - o64).abs() + _bound(a, lsum, v_rep, od, torch.bfloat16)).all()
