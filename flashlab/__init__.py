@@ -13,6 +13,7 @@ if device.TRITON:
     from .attention import flash_attention  # noqa: F401
     from .variants import flash_attention_varlen  # noqa: F401  (registers torch.ops.flashlab.variant_*)
     from .decode import flash_decode  # noqa: F401
+    from .fp8 import flash_attention_fp8, quantize_fp8  # noqa: F401
     from . import op  # noqa: F401  (registers torch.ops.flashlab.attention_forward/backward)
 else:
     def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -29,7 +30,16 @@ else:
         """Split-KV decoding in Triton: not available here, because Triton is not installed."""
         device.require_triton("flashlab.flash_decode")
 
+    def flash_attention_fp8(q8, k8, vt8, q_scale, k_scale, v_scale, is_causal=False, scale=None, **kwargs):
+        """The FP8 forward in Triton: not available here, because Triton is not installed."""
+        device.require_triton("flashlab.flash_attention_fp8")
+
+    def quantize_fp8(t, *, transpose=False):
+        """e4m3 quantisation for the FP8 forward: not available here, because Triton is not installed."""
+        device.require_triton("flashlab.quantize_fp8")
+
 __version__ = "0.1.0"
-__all__ = ["device", "reference", "flash_attention", "flash_attention_varlen", "flash_decode", "__version__"]
+__all__ = ["device", "reference", "flash_attention", "flash_attention_varlen", "flash_decode", "flash_attention_fp8",
+           "quantize_fp8", "__version__"]
 
 device.register_magics()

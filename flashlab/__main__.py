@@ -87,6 +87,8 @@ def _plan(args):
         print(f"--shape must be B,H,N,D (four integers), got {args.shape!r}", file=sys.stderr)
         return 2
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    if args.fp8:
+        dtype = P.FP8_DTYPE
     facts = P.device_facts() if args.device == "here" else P.SIMULATED[args.device]
     here = P.device_facts()
     if args.device != "here":   # a simulated GPU with this Triton: its tensor descriptors or their absence
@@ -94,8 +96,13 @@ def _plan(args):
                                     device_descriptors=here.device_descriptors)
     notes = []
     dk = P.kernel_head_dim(D)
+    if args.fp8:                 # an FP8 tensor-core product sums over at least 32 elements
+        dk = max(dk, 32)
     if dk != D:
         notes.append(f"head dim {D} is zero-padded to {dk} for the kernels")
+    if args.fp8:
+        notes.append("fp8: Q, K, V in e4m3 with one scale per (batch, head), V transposed; O in the inputs' dtype "
+                     "(flash_attention(..., fp8=True) quantises them)")
     if dtype == torch.bfloat16 and facts.interpret:
         dtype = torch.float32
         notes.append("bf16 runs as fp32 in the interpreter (its bf16 tl.dot is wrong); the output is bf16")
@@ -109,8 +116,12 @@ def _plan(args):
         notes.append("packed sequences: B is the number of sequences, N (and --nk) the longest")
     if variant.features() and args.kv_expanded:
         notes.append("--kv-expanded changes nothing for the variant kernels (plain pointers)")
-    p = P.plan(B, H, N, args.nk or N, dk, dtype, args.causal, layout=layout, facts=facts,
-               deterministic=args.deterministic or None, variant=variant)
+    try:
+        p = P.plan(B, H, N, args.nk or N, dk, dtype, args.causal, layout=layout, facts=facts,
+                   deterministic=args.deterministic or None, variant=variant)
+    except ValueError as e:      # e.g. the FP8 forward on a GPU without FP8 tensor cores
+        print(e, file=sys.stderr)
+        return 2
     print(p)
     for n in notes:
         print("  note:", n)
@@ -134,6 +145,7 @@ def main(argv=None) -> int:
     p.add_argument("--kv-expanded", action="store_true", help="K, V expanded over heads (a stride 0)")
     p.add_argument("--no-tma", action="store_true", help="strides that tensor descriptors cannot take")
     p.add_argument("--deterministic", action="store_true", help="as under torch.use_deterministic_algorithms")
+    p.add_argument("--fp8", action="store_true", help="the FP8 forward (e4m3 Q, K, V; forward only; cc >= 8.9)")
     v = p.add_argument_group("variants (forward v4 / backward v5)")
     v.add_argument("--gqa", type=int, metavar="H_KV", help="grouped-query attention with H_KV K/V heads")
     v.add_argument("--window", metavar="L,R", help="sliding window (left, right), -1 unbounded, e.g. 1023,0")

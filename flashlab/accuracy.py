@@ -96,3 +96,43 @@ def check_attention(fn, q, k, v, causal: bool, scale=None, backward: bool = True
         for name, g, s_, r in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), same[2:], ref[2:]):
             checks.append(judge(name, g, s_, r, dtype, lse_max))
     return checks
+
+
+# ------------------------------------------------------------------------------------------------ FP8 beside bf16
+
+@dataclass
+class Error:
+    name: str
+    max_err: float    # max |out - ref64|
+    mean_err: float   # mean |out - ref64|
+
+    def __str__(self):
+        return f"{self.name:<34} max {self.max_err:.2e}  mean {self.mean_err:.2e}"
+
+
+def fp8_errors(q, k, v, causal: bool = False, scale=None) -> list:
+    """The bf16 forward and the FP8 forward on the same inputs, each against float64 attention of those inputs.
+
+    ``q``, ``k``, ``v``: (B, H, N, D) bf16 (what both forwards start from).  Returns :class:`Error` rows:
+    ``bf16 forward`` (``flash_attention``), ``fp8 forward`` (``flash_attention(..., fp8=True)``: Q, K, V
+    quantised to e4m3, P rounded to e4m3) and, to show where the FP8 error enters, ``fp8 inputs only`` (float64
+    attention of the dequantised e4m3 inputs: the quantisation alone) and ``fp8 kernel vs its own inputs`` (the
+    kernel against that: P's rounding and float32 arithmetic).  The FP8 forward runs on GPUs of compute
+    capability >= 8.9 and in the interpreter."""
+    from . import flash_attention
+    from .fp8 import dequantize_fp8, flash_attention_fp8, quantize_fp8
+    q, k, v = (t.detach().to(torch.bfloat16) for t in (q, k, v))
+    ref = attention_naive_torch(q.double(), k.double(), v.double(), causal, scale)[0]
+    with torch.no_grad():
+        o16 = flash_attention(q, k, v, is_causal=causal, scale=scale)
+        o8 = flash_attention(q, k, v, is_causal=causal, scale=scale, fp8=True)
+        (q8, qs), (k8, ks), (vt8, vs) = quantize_fp8(q), quantize_fp8(k), quantize_fp8(v, transpose=True)
+        deq = attention_naive_torch(dequantize_fp8(q8, qs), dequantize_fp8(k8, ks),
+                                    dequantize_fp8(vt8, vs, transposed=True), causal, scale)[0]
+        o8k = flash_attention_fp8(q8, k8, vt8, qs, ks, vs, causal, scale, out_dtype=torch.float32)
+
+    def row(name, out, against):
+        d = (out.double() - against).abs()
+        return Error(name, d.max().item(), d.mean().item())
+    return [row("bf16 forward", o16, ref), row("fp8 forward", o8, ref), row("fp8 inputs only (float64)", deq, ref),
+            row("fp8 kernel vs its own inputs", o8k, deq)]

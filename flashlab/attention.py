@@ -260,7 +260,7 @@ def _attention(q, k, v, causal, scale, allow_tf32):
 
 def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                     enable_gqa=False, *, window=None, softcap=None, alibi_slopes=None, seed=None,
-                    return_lse=False, causal=None, allow_tf32=False):
+                    return_lse=False, causal=None, allow_tf32=False, fp8=False):
     """FlashAttention-2: softmax(scale * q k^T) v without ever storing an N x N matrix.
 
     Shaped like ``F.scaled_dot_product_attention`` (the same positional order), so it drops
@@ -285,6 +285,10 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
         return_lse: also return the log-sum-exp (B, H, Nq), float32, natural log (-inf for a
             row that sees no key; its O is 0).
         allow_tf32: let fp32 inputs use TF32 tensor cores (faster, ~1e-3 relative error).
+        fp8: quantise q, k, v to e4m3 with one scale per (batch, head) and run the FP8 forward
+            (``flashlab/kernels/forward_fp8.py``; compute capability >= 8.9 on a GPU): forward only
+            (a ValueError if a gradient is needed), plain or causal attention and GQA only; O in
+            query's dtype.  :func:`flashlab.flash_attention_fp8` takes tensors already in e4m3.
 
     Returns:
         o (B, H, Nq, D) in the dtype of query (under ``torch.autocast``: the autocast dtype), or
@@ -303,6 +307,14 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
             scale, dropout_p = (dropout_p if scale is None else scale), 0.0
     if causal is not None:
         is_causal = variants._causal_alias(is_causal, causal)
+    if fp8 is not False:
+        if fp8 is not True:
+            raise TypeError(f"fp8 must be a bool, got {type(fp8).__name__}")
+        if is_causal is not True and is_causal is not False:
+            raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+        from . import fp8 as _fp8
+        return _fp8.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window=window,
+                              softcap=softcap, alibi_slopes=alibi_slopes, seed=seed, return_lse=return_lse)
     if variants.uses_variants(attn_mask, dropout_p, enable_gqa, window, softcap, alibi_slopes, query, key):
         return variants.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
                                   window=window, softcap=softcap, alibi_slopes=alibi_slopes, seed=seed,

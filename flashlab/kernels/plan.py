@@ -42,14 +42,18 @@ import triton.language as tl
 
 from .. import device
 from . import (backward, backward_v2, backward_v3, backward_v4, backward_v5, forward, forward_v2, forward_v3,
-               forward_v4, tiles)
+               forward_v4, forward_fp8, tiles)
 from .tiles import C, Config
 
-FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4}
+FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4, "fp8": forward_fp8}
 BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4, "v5": backward_v5}
+# The FP8 forward takes e4m3 inputs: the dtype chooses it (torch.float8_e4m3fn), never a variant feature, and it
+# has no backward (inference only).
+FP8 = "fp8"
+FP8_DTYPE = forward_fp8.FP8_DTYPE
 # The versions of plain attention (no variant feature in SUPPORTS): the ones the policy picks for a plain call
 # and the ones scripts compare.  Forward v4 and backward v5 run the variants (any version may be forced).
-FORWARD_VERSIONS = tuple(v for v, m in FORWARD.items() if not m.SUPPORTS)
+FORWARD_VERSIONS = tuple(v for v, m in FORWARD.items() if not m.SUPPORTS and v != FP8)
 BACKWARD_VERSIONS = tuple(v for v, m in BACKWARD.items() if not m.SUPPORTS)
 
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
@@ -332,10 +336,15 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
 
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
     v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
+
+    e4m3 inputs (``dtype`` torch.float8_e4m3fn) run the FP8 forward, on GPUs of compute capability
+    8.9 and newer only (a ValueError elsewhere), and have no backward.
     """
     feats = variant.features()
+    if dtype == FP8_DTYPE:
+        return _fp8_versions(facts, feats)
     if feats:
-        fv = [v for v, m in FORWARD.items() if feats <= getattr(m, "SUPPORTS", frozenset())]
+        fv = [v for v, m in FORWARD.items() if v != FP8 and feats <= getattr(m, "SUPPORTS", frozenset())]
         bv = [v for v, m in BACKWARD.items() if feats <= getattr(m, "SUPPORTS", frozenset())]
         if not fv or not bv:
             raise ValueError(f"no kernel version implements {', '.join(sorted(feats))} yet "
@@ -377,6 +386,21 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     if bucket is not None and bucket < 1024:
         fwhy = "short, causal: v2's longest-tiles-first order and unmasked tiles win"
     return {"fwd": "v2", "bwd": bwd}, {"fwd": fwhy, "bwd": bwhy}
+
+
+def _fp8_versions(facts: DeviceFacts, feats: frozenset) -> tuple:
+    """The FP8 forward for e4m3 inputs, or a ValueError saying why it cannot run here."""
+    if facts.cc is not None and tuple(facts.cc) < forward_fp8.MIN_CC:
+        raise ValueError(f"the FP8 forward needs FP8 tensor cores, compute capability >= 8.9 (L4, H100, H200); "
+                         f"{facts.name} has {facts.cc[0]}.{facts.cc[1]}: use fp16 or bf16 there")
+    extra = feats - forward_fp8.SUPPORTS
+    if extra:
+        raise ValueError(f"the FP8 forward runs plain or causal attention (and GQA) only, not "
+                         f"{', '.join(sorted(extra))}")
+    where = "in the interpreter" if facts.interpret else f"here cc {facts.cc[0]}.{facts.cc[1]}"
+    return {"fwd": FP8, "bwd": "none"}, {
+        "fwd": f"e4m3 inputs: the FP8 forward (FP8 tensor cores, compute capability >= 8.9; {where})",
+        "bwd": "the FP8 forward is inference only"}
 
 
 def _hand_step(kernel, kind, version, D, rows, bh, dtype, cands, facts, reason, tune_key, variant=None,
@@ -462,8 +486,13 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
             raise ValueError(f"version must be one of {ok}, got {v!r} ({name})")
     bucket = tiles.n_key(Nq, Nk)
     versions, reasons = choose_versions(dtype, D, bucket, causal, facts, det, variant)
+    if fv is not None and (fv == FP8) != (dtype == FP8_DTYPE):
+        raise ValueError(f"forward version {fv!r} cannot run {dtype} inputs: the FP8 forward takes e4m3 "
+                         "(torch.float8_e4m3fn) and only it does")
     if fv is not None:
         versions["fwd"], reasons["fwd"] = fv, "forced by the caller"
+    if versions["bwd"] == "none" and bv is not None:
+        raise ValueError("the FP8 forward has no backward (inference only): do not force a backward version")
     if bv is not None:
         versions["bwd"], reasons["bwd"] = bv, "forced by the caller"
     if versions["fwd"] == "v3" and not facts.device_descriptors:
@@ -490,8 +519,14 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
                                                  "stride and 16-byte aligned base and strides: v2")
     prec = tiles.dot_precision(dtype, allow_tf32)
     p = dict(B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, n_key=bucket, prec=prec, causal=causal, variant=variant)
-    f_mod, b_mod = FORWARD[versions["fwd"]], BACKWARD[versions["bwd"]]
+    f_mod = FORWARD[versions["fwd"]]
     fwd = _steps((("fwd", Nq),), versions["fwd"], p, facts, fcfg, f_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
+    if versions["bwd"] == "none":   # the FP8 forward: inference only
+        if H % variant.kv_groups:
+            raise ValueError(f"H = {H} query heads is not a multiple of Variant.kv_groups = {variant.kv_groups}")
+        return Plan(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, facts, variant, versions["fwd"],
+                    versions["bwd"], reasons, fwd, (), bucket, prec, tma_reduce=False, spread=False)
+    b_mod = BACKWARD[versions["bwd"]]
     pre_m = INTERPRETER_TILE.block_m if facts.interpret else 64
     pre = Step("preprocess", "pre", "v1", D, Nq, B * H, C(pre_m, pre_m), (), False, 0, None,
                "Delta = rowsum(dO * O): one pass over O and dO, 64-row tiles (32 in the interpreter)", True)
@@ -534,4 +569,5 @@ def forget() -> None:
 
 __all__ = ["Plan", "Step", "Layout", "Variant", "PLAIN", "DeviceFacts", "plan", "plan_for", "device_facts",
            "choose_versions", "layout_of", "tma_ok", "host_desc_ok", "kernel_head_dim", "SIMULATED",
-           "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "ONE_PASS_BWD"]
+           "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "ONE_PASS_BWD", "FP8",
+           "FP8_DTYPE"]
