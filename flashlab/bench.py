@@ -330,10 +330,10 @@ def overhead(B=1, H=1, N=128, D=64, dtypes=(torch.float16, torch.bfloat16), caus
 
 
 def format_overhead(rows) -> str:
-    head = (f"{'provider':<10}{'mode':<9}{'dtype':<10}{'causal':<7}{'shape (B,H,N,D)':<17}"
+    head = (f"{'provider':<14}{'mode':<9}{'dtype':<10}{'causal':<7}{'shape (B,H,N,D)':<17}"
             f"{'us/call':>9}{'x SDPA':>8}{'GPU us':>8}  status")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r.provider:<10}{r.mode:<9}{r.dtype:<10}{str(r.causal):<7}{f'{r.B},{r.H},{r.N},{r.D}':<17}"
+        lines.append(f"{r.provider:<14}{r.mode:<9}{r.dtype:<10}{str(r.causal):<7}{f'{r.B},{r.H},{r.N},{r.D}':<17}"
                      f"{r.us_per_call:>9.1f}{r.ratio:>8.2f}{r.gpu_us:>8.1f}  {r.status}")
     return "\n".join(lines)

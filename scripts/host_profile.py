@@ -27,17 +27,20 @@ def main():
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--shape", default="1,1,128,64", help="B,H,N,D (default: the tiny call)")
+    ap.add_argument("--causal", action="store_true")
     ap.add_argument("--cprofile", type=int, default=0, metavar="K",
                     help="also print Python's own profile of flashlab's calls: the K functions with most own time")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("host_profile.py profiles GPU launches: run it on a CUDA machine")
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
-    q, k, v, do = (torch.randn(1, 1, 128, 64, device="cuda", dtype=dt) for _ in range(4))
+    shape = tuple(int(x) for x in a.shape.split(","))
+    q, k, v, do = (torch.randn(*shape, device="cuda", dtype=dt) for _ in range(4))
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     providers = {
-        "sdpa": lambda: torch.autograd.grad(F.scaled_dot_product_attention(qg, kg, vg), (qg, kg, vg), do),
-        "flashlab": lambda: torch.autograd.grad(flashlab.flash_attention(qg, kg, vg), (qg, kg, vg), do),
+        "sdpa": lambda: torch.autograd.grad(F.scaled_dot_product_attention(qg, kg, vg, is_causal=a.causal), (qg, kg, vg), do),
+        "flashlab": lambda: torch.autograd.grad(flashlab.flash_attention(qg, kg, vg, a.causal), (qg, kg, vg), do),
     }
     lines = []
     for name, fn in providers.items():
@@ -57,7 +60,7 @@ def main():
             for _ in range(a.calls):
                 fn()
             torch.cuda.synchronize()
-        lines.append(f"== {name} {a.dtype} fwd+bwd, B 1 H 1 N 128 D 64: {us:.1f} us per call (wall, unprofiled)"
+        lines.append(f"== {name} {a.dtype} fwd+bwd, B,H,N,D {a.shape}{' causal' if a.causal else ''}: {us:.1f} us per call (wall, unprofiled)"
                      + (f"; flashlab launches per call: {launches}" if name == "flashlab" else ""))
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60)
         lines.append(table)
@@ -73,7 +76,7 @@ def main():
         import io
         import pstats
         fn = providers["flashlab"]
-        fwd = lambda: flashlab.flash_attention(qg, kg, vg)    # noqa: E731
+        fwd = lambda: flashlab.flash_attention(qg, kg, vg, a.causal)    # noqa: E731
         for label, f in (("forward with grad (graph built, no backward)", fwd), ("forward + backward", fn)):
             torch.cuda.synchronize()
             t0 = time.perf_counter()

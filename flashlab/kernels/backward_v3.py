@@ -182,4 +182,4 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     tiles.run(step, flash_bwd_kernel_v3, args, plan.one_pass_constexprs,
               step.grid_for, runners, "bwd",
               lambda: tiles.tuned("bwdv3", flash_bwd_kernel_v3, "bwd", autotune_configs(plan.D), plan.D, plan.dtype))
-    dq.copy_(dq_acc.mul_(scale))
+    torch.mul(dq_acc, scale, out=dq)   # scaled and cast in one kernel

@@ -153,4 +153,4 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
               step.grid_for, runners, "bwd",
               lambda: tiles.tuned("bwdv4", flash_bwd_kernel_v4, "bwd", backward_v3.autotune_configs(plan.D), plan.D,
                                   plan.dtype, pre_hook=desc_blocks))
-    dq.copy_(dq_acc.mul_(scale))
+    torch.mul(dq_acc, scale, out=dq)   # scaled and cast in one kernel
