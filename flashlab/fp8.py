@@ -12,8 +12,8 @@ is scaled first, ``scale = amax / 448``: its largest element lands on 448 and th
 exponent range as they can.  The kernel is ``flashlab/kernels/forward_fp8.py``; it needs compute
 capability 8.9 or newer on a GPU (L4, H100, H200), or Triton's interpreter on a CPU.
 
-No backward: a call that would need gradients raises instead of returning an output autograd cannot
-differentiate.  Plain and causal attention, and grouped K/V heads (GQA); no masks, windows, dropout.
+No backward: ``flash_attention(..., fp8=True)`` raises on inputs that need gradients; ``flash_attention_fp8``
+(e4m3 tensors in) returns an output without a gradient.  Plain and causal attention, and grouped K/V heads (GQA); no masks, windows, dropout.
 """
 from __future__ import annotations
 
@@ -37,16 +37,17 @@ def quantize_fp8(t: torch.Tensor, *, transpose: bool = False):
     ``scale[b, h] = max |t[b, h]| / 448`` (1 where that head is all zeros), ``t8 = round(t / scale)``, clamped to
     +-448, so ``t ~ t8.float() * scale[..., None, None]`` with a relative error of at most 2^-4 per element in
     e4m3's normal range (|t / scale| >= 2^-6; smaller elements are off by at most 2^-10 * scale).
-    ``transpose=True`` returns t8 as (B, H, D, N), contiguous: V^T for the FP8 forward.  Plain torch: it
-    reads t once and writes a quarter (bf16) to an eighth (fp32) of it, memory-bound work torch does well.
-    Infinite or NaN elements make their head's scale inf or NaN: check your inputs."""
+    ``transpose=True`` returns t8 as (B, H, D, N), contiguous: V^T for the FP8 forward.  Plain torch, several
+    passes (a float32 copy, amax, a divide, the cast; a copy for transpose=True); its output is half (bf16) to a
+    quarter (fp32) of t's bytes.  No gradient flows through it.  Infinite or NaN elements make their head's
+    scale inf or NaN: check your inputs."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"quantize_fp8 takes a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
         raise ValueError(f"quantize_fp8 takes a (B, H, N, D) tensor, got shape {tuple(t.shape)}")
     if t.dtype not in _OUT_DTYPES:
         raise TypeError(f"quantize_fp8 takes fp16, bf16 or fp32, got {t.dtype}")
-    x = t.float()
+    x = t.detach().float()
     amax = x.abs().amax(dim=(2, 3))
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     t8 = (x / scale[:, :, None, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
@@ -66,7 +67,7 @@ def dequantize_fp8(t8: torch.Tensor, scale, *, transposed: bool = False, dtype=t
 
 # ------------------------------------------------------------------------------------------------- checks
 
-def _scale_tensor(name: str, s, B: int, H: int, dev) -> torch.Tensor:
+def _scale_tensor(name: str, s, B: int, H: int, dev, check: bool = True) -> torch.Tensor:
     """A scale as a float32 (B, H) view: a number, a 0-d tensor or one broadcastable to (B, H) (stride 0)."""
     if isinstance(s, (int, float)) and not isinstance(s, bool):
         s = torch.tensor(float(s), dtype=torch.float32, device=dev)
@@ -77,10 +78,17 @@ def _scale_tensor(name: str, s, B: int, H: int, dev) -> torch.Tensor:
     if s.device != dev:
         raise ValueError(f"{name} is on {s.device}, the tensors on {dev}: move it with .to({str(dev)!r})")
     try:
-        return s.expand(B, H)
+        s = s.expand(B, H)
     except RuntimeError:
         raise ValueError(f"{name} must have shape ({B}, {H}) (one scale per batch and head) or broadcast to it, "
                          f"got {tuple(s.shape)}") from None
+    # The kernel folds the scales into one positive multiplier of the scores (its masking relies on the sign):
+    # a zero, negative, infinite or NaN scale would give a wrong O or NaN, silently.  One check (a host sync on a
+    # GPU); flash_attention(..., fp8=True) makes its scales with quantize_fp8 and skips it.
+    if check and not bool(((s > 0) & s.isfinite()).all()):
+        raise ValueError(f"{name} must be positive and finite everywhere (x = x8 * scale); "
+                         f"got min {s.min().item():g}, max {s.max().item():g}")
+    return s
 
 
 def _pad_head_dim(t8: torch.Tensor, d_kernel: int, dim: int) -> torch.Tensor:
@@ -142,12 +150,18 @@ def flash_attention_fp8(q8, k8, vt8, q_scale, k_scale, v_scale, is_causal: bool 
 
     Returns o (B, H, Nq, D) in ``out_dtype``, or (o, lse).  No gradient flows through it.
     """
-    from . import kernels, variants
-    from .kernels import plan as P
+    from . import variants
     if causal is not None:
         is_causal = variants._causal_alias(is_causal, causal)
     if is_causal is not True and is_causal is not False:
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    return _forward(q8, k8, vt8, q_scale, k_scale, v_scale, is_causal, scale, out_dtype, return_lse, True)
+
+
+def _forward(q8, k8, vt8, q_scale, k_scale, v_scale, is_causal, scale, out_dtype, return_lse, check_scales):
+    """flash_attention_fp8's work; ``check_scales=False`` for scales quantize_fp8 made (positive and finite)."""
+    from . import kernels
+    from .kernels import plan as P
     _check_fp8(q8, k8, vt8)
     if out_dtype not in _OUT_DTYPES:
         raise TypeError(f"out_dtype must be torch.bfloat16, torch.float16 or torch.float32, got {out_dtype}")
@@ -156,9 +170,9 @@ def flash_attention_fp8(q8, k8, vt8, q_scale, k_scale, v_scale, is_causal: bool 
     B, H, Nq, D = q8.shape
     Hk, Nk = k8.shape[1], k8.shape[2]
     dev = q8.device
-    qs = _scale_tensor("q_scale", q_scale, B, H, dev)
-    ks = _scale_tensor("k_scale", k_scale, B, Hk, dev)
-    vs = _scale_tensor("v_scale", v_scale, B, Hk, dev)
+    qs = _scale_tensor("q_scale", q_scale, B, H, dev, check_scales)
+    ks = _scale_tensor("k_scale", k_scale, B, Hk, dev, check_scales)
+    vs = _scale_tensor("v_scale", v_scale, B, Hk, dev, check_scales)
     sm_scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     dk = max(MIN_HEAD_DIM, kernel_head_dim(D))
     q8, k8, vt8 = _pad_head_dim(q8, dk, 3), _pad_head_dim(k8, dk, 3), _pad_head_dim(vt8, dk, 2)
@@ -198,11 +212,14 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError("fp8=True is forward-only (inference): q, k or v requires a gradient; run it under "
                          "torch.no_grad() or torch.inference_mode(), pass detached tensors, or drop fp8=True to "
-                         "train (fp16/bf16 have a backward)")
+                         "train (the fp16/bf16/fp32 kernels have a backward)")
     if q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and k.shape[1] != q.shape[1]:
         if k.shape[1] < 1 or q.shape[1] % k.shape[1] or k.shape[:2] != v.shape[:2]:
             raise ValueError(f"grouped K/V heads: k and v need H_kv heads dividing H = {q.shape[1]}, got "
                              f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        if not enable_gqa:
+            raise ValueError(f"query has {q.shape[1]} heads and key/value {k.shape[1]}: pass enable_gqa=True for "
+                             "grouped-query (or multi-query) attention, as in F.scaled_dot_product_attention")
         like = (k[:, :1].expand(-1, q.shape[1], -1, -1), v[:, :1].expand(-1, q.shape[1], -1, -1))
     else:
         like = (k, v)
@@ -210,4 +227,4 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     q8, qs = quantize_fp8(q)
     k8, ks = quantize_fp8(k)
     vt8, vs = quantize_fp8(v, transpose=True)
-    return flash_attention_fp8(q8, k8, vt8, qs, ks, vs, is_causal, scale, out_dtype=q.dtype, return_lse=return_lse)
+    return _forward(q8, k8, vt8, qs, ks, vs, is_causal, scale, q.dtype, return_lse, False)

@@ -10,7 +10,7 @@ the unrounded weights, so O_kernel - O_ref = sum_j (p~_j - p_j) V_j / l, and, pe
     |O_kernel - O_ref|_id  <=  sum_j (2^-4 A_ij + min(A_ij, 2^-10 / l_i)) |V_jd|  +  out  +  slack
 
 (a weight rounded against a running max m' <= m is off by the same bound after its rescale 2^(m' - m) <= 1).
-``out``: O's own rounding, 2^-9 |O| in bf16 (half its 2^-8 spacing), 0 in float32.  ``slack``: float32
+``out``: O's own rounding, 2^-8 |O| in bf16 (half its 2^-7 spacing), 2^-11 |O| in fp16, 0 in float32.  ``slack``: float32
 arithmetic, 1e-4 max|V| (an exponent of |x| <= 10^3 carries 10^3 * 2^-24 = 6e-5 of relative error).
 
 The op (``flash_attention(..., fp8=True)``) also quantises Q, K and V.  Its error against float64 of the
@@ -51,7 +51,7 @@ def _attention64(q, k, v, causal, scale):
 def _bound(a, lsum, v_rep, o_ref, out_dtype):
     """The per-element bound of the module docstring."""
     p_part = (2.0**-4 * a + torch.minimum(a, 2.0**-10 / lsum)) @ v_rep.abs()
-    out = {torch.float32: 0.0, torch.bfloat16: 2.0**-9, torch.float16: 2.0**-12}[out_dtype] * o_ref.abs()
+    out = {torch.float32: 0.0, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[out_dtype] * o_ref.abs()
     return p_part + out + 1e-4 * v_rep.abs().max()
 
 
@@ -210,6 +210,16 @@ BAD = [
                                          torch.ones(1, 2, dtype=torch.float64), 1.0, 1.0), TypeError, "float32"),
     (lambda q, k, v: flash_attention_fp8(quantize_fp8(q)[0], quantize_fp8(k)[0], quantize_fp8(v, transpose=True)[0],
                                          1.0, 1.0, 1.0, out_dtype=torch.int8), TypeError, "out_dtype"),
+    # a scale that is not positive and finite would give a wrong O (negative) or NaN (zero, inf, NaN), silently
+    (lambda q, k, v: flash_attention_fp8(quantize_fp8(q)[0], quantize_fp8(k)[0], quantize_fp8(v, transpose=True)[0],
+                                         -0.01, 1.0, 1.0), ValueError, "q_scale must be positive and finite"),
+    (lambda q, k, v: flash_attention_fp8(quantize_fp8(q)[0], quantize_fp8(k)[0], quantize_fp8(v, transpose=True)[0],
+                                         1.0, torch.tensor([[1.0, 0.0]], device=DEV), 1.0), ValueError,
+     "k_scale must be positive and finite"),
+    (lambda q, k, v: flash_attention_fp8(quantize_fp8(q)[0], quantize_fp8(k)[0], quantize_fp8(v, transpose=True)[0],
+                                         1.0, 1.0, float("nan")), ValueError, "v_scale must be positive and finite"),
+    # grouped K/V heads need enable_gqa=True, as in the fp16/bf16 path and SDPA
+    (lambda q, k, v: flash_attention(q, k[:, :1], v[:, :1], fp8=True), ValueError, "enable_gqa=True"),
 ]
 
 
@@ -218,6 +228,16 @@ def test_bad_inputs_raise_clear_errors(rng, make, exc, words):
     q, k, v = (torch.randn(1, 2, 40, 32, device=DEV, dtype=torch.bfloat16) for _ in range(3))
     with pytest.raises(exc, match=words):
         make(q, k, v)
+
+
+def test_gqa_through_the_op_and_no_gradient_from_quantize(rng):
+    q, k, v = _inputs(1, 4, 2, 50, 60, 32)
+    o = flash_attention(q, k, v, fp8=True, enable_gqa=True)
+    o64, *_ = _attention64(q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1),
+                           False, 1 / math.sqrt(32))
+    assert (o.double() - o64).abs().max().item() < 0.25          # the op's cap for unit-normal inputs (docstring)
+    t8, scale = quantize_fp8(torch.randn(1, 2, 8, 16, device=DEV, requires_grad=True))
+    assert not t8.requires_grad and not scale.requires_grad
 
 
 def test_no_grad_is_fine_and_old_gpus_are_refused(rng):

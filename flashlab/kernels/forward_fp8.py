@@ -12,15 +12,17 @@ online softmax is unchanged; what changed is the number format the two matrix pr
    product of two 4-bit significands is exact in float32).  The scales are applied once per score,
    folded into v2's single multiply: ``x = S * (q_scale * k_scale * softmax_scale * log2 e)``.
 3. **P in e4m3.**  P~ = 2^(x - m) lies in [0, 1]; it is cast to e4m3 (``tl.float8e4nv``) for the
-   second product, acc += P8 V8, still accumulated in float32.  The row sum l uses the float32 P~
+   second product, acc += P8 V8, still accumulated in float32 (on Hopper Triton leaves FP8 sums in the
+   tensor core's accumulator, which keeps fewer bits than float32: negligible beside e4m3's 2^-4).  The row sum l uses the float32 P~
    (the weights before rounding), so rounding P costs each weight at most 2^-4 of itself (2^-10
    absolutely below 2^-6, e4m3's smallest normal number): tests/test_fp8.py derives its bound from that.
 4. **V transposed.**  Hopper's FP8 tensor-core instruction (wgmma) wants its shared-memory operand
    "K-major": contiguous along the dimension the product sums over.  For S = Q K^T that is D, and K
    (N, D) with unit last stride already is.  For O = P V it is the key dimension N, so V must be
    stored as V^T, (B, H, D, Nk) with N contiguous (with fp16/bf16 the hardware transposes V for
-   free; with FP8 it cannot).  FlashAttention-3 and Triton's tutorial 06 therefore hand the kernel
-   V^T, and so does this one: ``quantize_fp8(v, transpose=True)`` writes it, the loop loads a
+   free; with FP8 it cannot).  FlashAttention-3 transposes each V tile inside the kernel (LDSM / STSM in
+   its producer warpgroup, hidden behind the products), which ``tl`` cannot express; Triton's tutorial 06
+   hands the kernel V^T, stored so before the call, and so does this one: ``quantize_fp8(v, transpose=True)`` writes it, the loop loads a
    (D, BLOCK_N) tile of V^T and computes ``tl.dot(p8, tl.trans(vt))``.
 5. **V's scale on the output only.**  O = (P V8) * v_scale / l: one multiply per output element.
    O is written in bf16, fp16 or fp32 (the caller's tensor), the LSE in float32, natural log.
@@ -33,7 +35,8 @@ H200), the GPUs with FP8 tensor cores; the plan refuses older ones with a messag
 Prediction.  FP8 tensor cores run at twice the bf16 rate on H100 / H200 (and the tiles are half
 the bytes), but the softmax (exp2, max, sum: one per score) is unchanged, and at D = 128 it is
 already a large part of the forward's time.  So expect 1.3-1.6x the bf16 forward at long sequences
-(N = 16k), not 2x.  Measured numbers, when there are any, are in docs/BENCHMARKS.md.
+(N = 16k), not 2x.  What it measured: docs/BENCHMARKS.md (entry "the FP8 forward timed") and
+flashlab/data/h200_fp8.json.
 
 Interpreter fact (triton 3.9): the interpreter's float32 -> float8e4nv cast mishandles a carry out of
 the mantissa (0.49 becomes 0.25, not 0.5) and truncates small numbers.  ``ROUND_P`` (set by the
@@ -173,7 +176,7 @@ SUPPORTS = frozenset({"gqa"})   # chosen by the dtype (e4m3), never by variant f
 
 
 def forward_fp8_configs(head_dim: int, cc=None) -> list:
-    """Hand-picked configs, best first; first guesses, not yet measured (docs/BENCHMARKS.md).  Half the bytes of
+    """Hand-picked configs, best first; each is timed forced by scripts/bench_fp8.py (docs/BENCHMARKS.md).  Half the bytes of
     a bf16 tile per element, so a tile twice as wide fits the same shared memory: 128 x 128 where the bf16
     forwards take 128 x 64.  Every BLOCK_N is at least 32 (MIN_BLOCK_N)."""
     if head_dim <= 64:
