@@ -199,9 +199,9 @@ def choose_num_splits(programs: int, n_tiles: int, sms: int, occupancy: int = 2)
     merge).  A batch that already fills the GPU gets one split (no merge at all).
 
     flash_decode passes occupancy 2 for a contiguous cache and 4 for a paged one, whose programs each
-    keep one K/V tile in flight instead of two.  Measured on the H200 (B 8, H_kv 8, D 128, bf16): a
-    contiguous cache read at 4.45 TB/s with 4 splits at 128k keys (2: 4.28, 8: 3.98, 33: 4.42), a
-    paged one (blocks of 16) at 3.70 with 4 splits and 4.36 with 8 (16: 4.34).
+    keep one K/V tile in flight instead of two.  Both were chosen on the H200 by timing split counts at 128k
+    keys (B 8, H_kv 8, D 128, bf16); that sweep's numbers are not in docs/BENCHMARKS.md, so re-time with
+    ``flash_decode(..., num_splits=s)`` (scripts/bench_decode.py) before changing them.
     """
     slots = sms * occupancy
     if programs >= slots:

@@ -361,7 +361,7 @@ def _check_cu(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) ->
         if c[-1] != total:
             raise ValueError(f"{name} must end at the packed length {total} (dim 0 of the tensor), got {c[-1]}")
         if max(lens) > mx:
-            raise ValueError(f"max_seqlen {'q' if name.endswith('q') else 'k'} = {mx} is less than the longest "
+            raise ValueError(f"max_seqlen_{'q' if name.endswith('q') else 'k'} = {mx} is less than the longest "
                              f"sequence in {name} ({max(lens)}); pass at least {max(lens)}")
 
 

@@ -283,6 +283,13 @@ def _errors_on_rank(rank, world):
         except (ValueError, TypeError) as e:
             if words not in str(e):
                 said.append(f"{words!r} not in {e}")
+    z = torch.randn(1, 2, 4 + 2 * rank, 16)                 # shards of different lengths on different ranks
+    try:
+        ring_attention(z, z, z)
+        said.append("no error for shards of different shapes")
+    except ValueError as e:
+        if "same shape" not in str(e) or "rank 1: (B, H, n, D) = (1, 2, 6, 16)" not in str(e):
+            said.append(f"'same shape' not in {e}")
     y = torch.randn(1, 2, 4, 16)
     out = ring_attention(y, y, y, causal=True)              # the alias; no LSE unless asked
     if not (isinstance(out, torch.Tensor) and out.shape == y.shape):
@@ -366,7 +373,9 @@ def _right(name):
         ms = np.where(np.isneginf(mx), 0, mx)
         w = np.exp(lse_parts - ms)
         t = w.sum(0)
-        return (w[..., None] * np.where(w[..., None] > 0, o_parts, 0)).sum(0) / t[:, None], ms + np.log(t)
+        safe = np.where(t > 0, t, 1.0)                      # a row no split saw: O = 0, LSE = -inf
+        return ((w[..., None] * np.where(w[..., None] > 0, o_parts, 0)).sum(0) / safe[:, None],
+                np.where(t > 0, ms + np.log(safe), -np.inf))
 
     def zz(rank, world, n):
         c = n // (2 * world)

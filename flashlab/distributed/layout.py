@@ -55,7 +55,9 @@ def _chunk_len(n: int, world: int, layout: str) -> int:
     if n % c:
         what = f"2·world = {c}" if layout == "zigzag" else f"world = {c}"
         raise ValueError(f"sequence length N = {n} is not divisible by {what} ({layout} layout cuts it into "
-                         f"{c} equal chunks); pad the sequence to a multiple of {c}")
+                         f"{c} equal chunks); with a causal mask, pad the sequence at its end to a multiple of {c} and "
+                         f"drop the padded rows of the output (no real row sees a later key); without one, padded "
+                         f"keys would be attended, so choose a length that divides")
     return n // c
 
 

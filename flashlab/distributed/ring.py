@@ -249,8 +249,31 @@ def _check(q, k, v, layout, group, scale):
                          f"(GQA: query head h reads K/V head h // (H / H_kv))")
     if layout == "zigzag" and n % 2:
         raise ValueError(f"a zigzag shard is two equal chunks, so its length (dim 2) must be even, got {n}: "
-                         f"the sequence length must be divisible by 2·world; pad it, or use layout='contiguous'")
+                         f"the sequence length must be divisible by 2·world; with is_causal=True pad it at its end "
+                         f"(and drop the padded rows), or use layout='contiguous'")
     check_inputs(q, k[:, :1].expand(B, H, n, D), v[:, :1].expand(B, H, n, D), scale)
+
+
+_SAME_SHAPES: set = set()   # (group, shapes, device) whose shards every rank was seen to agree on
+
+
+def _check_same_shapes(q, k, group):
+    """Every rank must pass shards of one shape; each checks its own, so a rank with a longer shard than its
+    peers would only fail inside the transport (gloo: "Received data size doesn't match"; NCCL: a hang).
+    One small all-gather the first time a shape is seen on this group, then remembered."""
+    key = (id(group), tuple(q.shape), tuple(k.shape), q.device)
+    if key in _SAME_SHAPES:
+        return
+    dev = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    mine = torch.tensor([*q.shape, k.shape[1]], dtype=torch.int64, device=dev)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    shapes = [tuple(t.tolist()) for t in every]
+    if len(set(shapes)) > 1:
+        said = "; ".join(f"rank {r}: (B, H, n, D) = {s[:4]}, H_kv = {s[4]}" for r, s in enumerate(shapes))
+        raise ValueError(f"every rank must pass a shard of the same shape, got {said}; cut the sequence into "
+                         "equal shards with flashlab.distributed.shard")
+    _SAME_SHAPES.add(key)
 
 
 def ring_attention(q, k, v, is_causal: bool = False, *, group=None, layout: str = "zigzag",
@@ -275,6 +298,7 @@ def ring_attention(q, k, v, is_causal: bool = False, *, group=None, layout: str 
     if causal is not None:
         is_causal = causal
     _check(q, k, v, layout, group, scale)
+    _check_same_shapes(q, k, group)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     o, lse = _RingAttention.apply(q, k, v, bool(is_causal), scale, bool(allow_tf32), _Ring(group), layout)
     return (o, lse) if return_lse else o

@@ -36,7 +36,8 @@ CONTRACTS = {
         "splits of the keys (each O_s = softmax over its own keys times V); lse_parts: (S, N), each split's "
         "natural-log log-sum-exp; a split with no keys for a row has lse = -inf (ignore its O). Return o (N, D) "
         "and lse (N,): LSE = log sum_s e^(LSE_s), O = sum_s e^(LSE_s - LSE) O_s, computed without overflow "
-        "(LSE_s may be in the thousands)."),
+        "(LSE_s may be in the thousands). A row that no split saw (every LSE_s = -inf) gets O = 0 and LSE = -inf "
+        "(never NaN)."),
     "zigzag_indices": (
         "zigzag_indices(rank, world, n) -> 1-d array of n // world ints: the global rows (0..n-1) that rank "
         "`rank` of `world` holds in the zigzag layout, in its local order. The sequence is cut into 2*world "
@@ -112,7 +113,8 @@ def _parts(rng, s, n, d, nk=None, large=False, empty=0):
 
 def _merge_cases(rng):
     spec = [(4, 3, 8, False, 0, True), (1, 5, 4, False, 0, False), (7, 6, 16, False, 0, False),
-            (3, 4, 8, True, 0, False), (5, 8, 8, False, 2, False), (2, 4, 4, True, 1, False)]
+            (3, 4, 8, True, 0, False), (5, 8, 8, False, 2, False), (2, 4, 4, True, 1, False),
+            (3, 6, 8, False, 3, False)]           # every split empty for the last rows: O = 0, LSE = -inf
     s, n = (int(x) for x in rng.integers(2, 12, size=2))
     spec.append((s, n, int(rng.choice([4, 8, 32])), bool(rng.integers(2)), int(rng.integers(0, s)), False))
     return [Case({"S": s, "N": n, "D": d, "rows": "empty splits" if e else "all splits hold keys",
