@@ -286,7 +286,7 @@ def overhead(B=1, H=1, N=128, D=64, dtypes=(torch.float16, torch.bfloat16), caus
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
         tol = {torch.float16: 2e-2, torch.bfloat16: 6e-2, torch.float32: 1e-3}[dtype]
         for mode in ("fwd", "fwd+bwd"):
-            timed = []   # (row, call)
+            timed = []   # (row, call, microseconds per call in each round)
             for name in providers:
                 if name == "sdpa":
                     f = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
@@ -312,16 +312,14 @@ def overhead(B=1, H=1, N=128, D=64, dtypes=(torch.float16, torch.bfloat16), caus
                             f(qg, kg, vg), (qg, kg, vg), do)
                     for _ in range(max(20, calls // 10)):    # warm-up: compile, fill caches
                         call()
-                    timed.append((row, call))
+                    timed.append((row, call, []))
                 except Exception as e:
                     row.status = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
-            rounds = {id(row): [] for row, _ in timed}
             for _ in range(repeats):
-                for row, call in timed:
-                    rounds[id(row)].append(_wall_per_call(call, calls))
-            base = next((rounds[id(row)] for row, _ in timed if row.provider == "sdpa"), None)
-            for row, call in timed:
-                per = rounds[id(row)]
+                for row, call, per in timed:
+                    per.append(_wall_per_call(call, calls))
+            base = next((per for row, _, per in timed if row.provider == "sdpa"), None)
+            for row, call, per in timed:
                 row.us_per_call = statistics.median(per)
                 if base is not None:
                     row.ratio = statistics.median(t / b for t, b in zip(per, base))

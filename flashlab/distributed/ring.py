@@ -261,7 +261,7 @@ def _check_same_shapes(q, k, group):
     """Every rank must pass shards of one shape; each checks its own, so a rank with a longer shard than its
     peers would only fail inside the transport (gloo: "Received data size doesn't match"; NCCL: a hang).
     One small all-gather the first time a shape is seen on this group, then remembered."""
-    key = (id(group), tuple(q.shape), tuple(k.shape), q.device)
+    key = (group, tuple(q.shape), tuple(k.shape), q.device)
     if key in _SAME_SHAPES:
         return
     dev = q.device if dist.get_backend(group) == "nccl" else torch.device("cpu")
