@@ -6,6 +6,7 @@ tile arithmetic the GPU runs is the arithmetic that is tested.  On a GPU the sam
 compiled.  Plus: the shared-memory fallback, the grid, and the GPU-only size limits.
 """
 import math
+import threading
 
 import pytest
 import torch
@@ -109,6 +110,31 @@ def test_one_pass_hands_zero_strides_to_v3(rng, monkeypatch):
     _assert_ok(check_attention(_op("v3", "v4"), q, k, v, True), "v4 on expanded K, V")
     with pytest.raises(RuntimeError, match="v4 ran"):     # the same K, V made contiguous do reach v4
         check_attention(_op("v3", "v4"), q, k.contiguous(), v.contiguous(), True)
+
+
+@pytest.mark.descriptors
+def test_one_pass_repoints_its_descriptors(rng):
+    """Backward v4 makes its host descriptors once per kind of call and thread, then only re-points them: a
+    second call of the same kind, on other tensors, must read and write those tensors, not the first call's."""
+    from flashlab.kernels import backward_v4
+    B, H, N, D = 1, 2, 70, 32
+    runners = None
+    for trial in range(3):
+        q, k, v = (_rand((B, H, N, D), torch.float16, 3.0) for _ in range(3))
+        _assert_ok(check_attention(_op("v3", "v4"), q, k, v, trial == 1), f"v4, call {trial}")
+        p = kernels.plan.plan_for(q, k, v, False, backward_version="v4")
+        if p.bwd_version != "v4":
+            pytest.skip(p.reasons["bwd"])
+        o, lse, do = torch.empty_like(q), torch.empty(q.shape[:3], device=DEV), torch.randn_like(q)
+        launch_forward(q, k, v, o, lse, False, 0.5)
+        grads = [torch.empty_like(t) for t in (q, k, v)]
+        launch_backward(q, k, v, o, lse, do, *grads, False, 0.5, version="v4")
+        runners = kernels._runners(p, (q, k, v, o, lse, do, *grads))
+        descs = [d for key, ds in runners.items() if key[0] == "descriptors" and key[2] == threading.get_ident()
+                 for d in ds]   # this thread's (on a GPU autograd ran check_attention's backward on its own thread)
+        assert descs, "backward v4 kept no descriptors"
+        live = {t.data_ptr() for t in (q, k, v, do, grads[1], grads[2])}
+        assert {d.base.data_ptr() for d in descs} - live == {descs[-1].base.data_ptr()}   # all but dQ's buffer
 
 
 @pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)

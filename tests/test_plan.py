@@ -47,7 +47,7 @@ def test_choices_on_a_t4_an_l4_and_an_h200(monkeypatch):
     """Through device_facts (as plan_for uses it): the versions, autotuning and flags each GPU class gets."""
     for facts, long_fwd, long_bwd in ((P.T4, "v2", "v2"), (P.L4, "v2", "v2"), (P.H200, "v3", "v4")):
         monkeypatch.setattr(P, "device_facts", lambda f=facts: f)
-        p = P.plan(1, 16, 4096, 4096, 64, fp16, True)
+        p = P.plan(4, 16, 4096, 4096, 64, fp16, True)
         assert (p.fwd_version, p.bwd_version) == (long_fwd, long_bwd), facts.name
         assert p.forward[0].autotune and p.forward[0].config is None and "autotuned" in p.forward[0].reason
         assert p.tma_reduce == (facts is P.H200) and not p.spread
@@ -55,35 +55,35 @@ def test_choices_on_a_t4_an_l4_and_an_h200(monkeypatch):
         short = P.plan(1, 1, 128, 128, 64, fp16, False)                # the small problem: hand-picked, v1 forward
         assert short.fwd_version == "v1" and short.bwd_version == "v2" and not short.forward[0].autotune
         assert short.forward[0].config == C(128, 64, 4, 3)       # fits 64 KB too (the estimate: exactly 64 KB)
-        assert P.plan(1, 16, 4096, 4096, 128, fp16, True).bwd_version == "v2"        # D = 128 causal spills
-        assert P.plan(1, 16, 4096, 4096, 128, fp16, False).bwd_version == long_bwd
-        assert P.plan(1, 16, 4096, 4096, 64, fp32, True).fwd_version == "v1"         # fp32: v1, not autotuned
-        assert not P.plan(1, 16, 4096, 4096, 64, fp32, True).forward[0].autotune
-        assert P.plan(1, 16, 4096, 4096, 64, fp16, True, deterministic=True).bwd_version == "v2"
+        assert P.plan(4, 16, 4096, 4096, 128, fp16, True).bwd_version == "v2"        # D = 128 causal spills
+        assert P.plan(4, 16, 4096, 4096, 128, fp16, False).bwd_version == long_bwd
+        assert P.plan(4, 16, 4096, 4096, 64, fp32, True).fwd_version == "v1"         # fp32: v1, not autotuned
+        assert not P.plan(4, 16, 4096, 4096, 64, fp32, True).forward[0].autotune
+        assert P.plan(4, 16, 4096, 4096, 64, fp16, True, deterministic=True).bwd_version == "v2"
     t4 = P.plan(1, 1, 512, 512, 128, fp16, False, facts=P.T4)
     assert t4.forward[0].config == C(64, 32, 4, 2)            # the T4 pick that compiled_kib says fits 64 KB
 
 
 def test_layout_decides_whether_descriptors_run():
     h = P.H200
-    p = P.plan(1, 16, 4096, 4096, 64, fp16, True, layout=P.Layout(no_zero_stride=False), facts=h)
+    p = P.plan(4, 16, 4096, 4096, 64, fp16, True, layout=P.Layout(no_zero_stride=False), facts=h)
     assert p.bwd_version == "v3" and "stride 0" in p.reasons["bwd"] and p.fwd_version == "v3"
-    p = P.plan(1, 16, 4096, 4096, 64, fp16, True, layout=P.Layout(tma=False), facts=h)
+    p = P.plan(4, 16, 4096, 4096, 64, fp16, True, layout=P.Layout(tma=False), facts=h)
     assert (p.fwd_version, p.bwd_version) == ("v2", "v2") and "descriptors" in p.reasons["fwd"]
     old = P.DeviceFacts("H200 with a Triton lacking host descriptors", (9, 0), 227 * 1024, False, 0, False)
-    assert P.plan(1, 16, 4096, 4096, 64, fp16, True, facts=old).bwd_version == "v2"
+    assert P.plan(4, 16, 4096, 4096, 64, fp16, True, facts=old).bwd_version == "v2"
 
 
 def test_a_triton_without_descriptors_runs_the_pointer_versions_and_says_why():
     """Before Triton 3.4 there are no tensor descriptors (tl.make_tensor_descriptor, triton.tools.tensor_descriptor):
     forward v3 and backward v3 / v4 hand over to v2, forced or not, and the variant kernels load by pointers."""
     old = P.DeviceFacts("H200 with Triton 3.2", (9, 0), 227 * 1024, False, 0, False, False)
-    p = P.plan(1, 16, 4096, 4096, 64, fp16, True, facts=old)
+    p = P.plan(4, 16, 4096, 4096, 64, fp16, True, facts=old)
     assert (p.fwd_version, p.bwd_version) == ("v2", "v2")
     assert "no tensor descriptors" in p.reasons["fwd"] and "Triton >= 3.4" in p.reasons["bwd"]
-    p = P.plan(1, 16, 4096, 4096, 64, fp16, True, facts=old, forward_version="v3", backward_version="v3")
+    p = P.plan(4, 16, 4096, 4096, 64, fp16, True, facts=old, forward_version="v3", backward_version="v3")
     assert (p.fwd_version, p.bwd_version) == ("v2", "v2") and "no tensor descriptors" in p.reasons["bwd"]
-    p = P.plan(1, 16, 4096, 4096, 64, fp16, True, facts=old, variant=P.Variant(kv_groups=2))
+    p = P.plan(4, 16, 4096, 4096, 64, fp16, True, facts=old, variant=P.Variant(kv_groups=2))
     assert (p.fwd_version, p.bwd_version) == ("v4", "v5") and "through pointers, not TMA" in p.reasons["fwd"]
     assert "through pointers, not TMA" in p.reasons["bwd"]
 
@@ -102,17 +102,35 @@ def test_the_cache_key():
     assert len({id(x) for x in [a] + others}) == 1 + len(others)
 
 
+def test_small_problems_keep_backward_v2():
+    """Backward v4 only from ONE_PASS_MIN_ROWS K/V rows (B * H * Nk) on: the README demo's shape (B 1, H 16, D 64,
+    causal) measured v2 faster at N = 2048; the plan says why, with the numbers."""
+    limit = P.ONE_PASS_MIN_ROWS
+    for B, H, N in ((1, 16, 2048), (1, 16, 4096), (1, 16, 8192), (2, 16, 8192), (4, 16, 4096), (1, 64, 4096)):
+        p = P.plan(B, H, N, N, 64, fp16, True, facts=P.H200)
+        rows = B * H * N
+        assert p.fwd_version == "v3"
+        assert p.bwd_version == ("v4" if rows >= limit else "v2"), (B, H, N)
+        if rows < limit:
+            assert f"B * H * Nk = {rows} < {limit}" in p.reasons["bwd"] and "B * H * Nk" in str(p)
+    assert P.plan(1, 16, 2048, 2048, 64, fp16, True, facts=P.H200, backward_version="v4").bwd_version == "v4"
+    gqa = P.plan(1, 32, 8192, 8192, 64, fp16, True, facts=P.H200, variant=P.Variant(kv_groups=8))
+    assert gqa.bwd_version == "v5"                       # variants keep their kernel whatever the size
+    # the rule counts K/V rows: Nk, not Nq (a few queries over a long cache are still a big backward)
+    assert P.plan(1, 16, 512, 32768, 64, fp16, True, facts=P.H200).bwd_version == "v4"
+
+
 def test_stride_zero_kv_never_reaches_v4():
     """plan_for reads the stride class off the tensors: K, V expanded over heads plan v3, the same K, V
     contiguous plan v4 (H200 facts, 4096 keys; nothing is launched), and a misaligned view plans v2."""
-    q = torch.empty(1, 4, 4096, 64, dtype=fp16)
+    q = torch.empty(1, 64, 4096, 64, dtype=fp16)           # 64 heads: a problem big enough for the one-pass kernel
     k1 = torch.empty(1, 1, 4096, 64, dtype=fp16)
-    ke = k1.expand(1, 4, 4096, 64)
+    ke = k1.expand(1, 64, 4096, 64)
     pe = P.plan_for(q, ke, ke, True, facts=P.H200)
     pc = P.plan_for(q, ke.contiguous(), ke.contiguous(), True, facts=P.H200)
     assert pe is not pc and pe.bwd_version == "v3" and pc.bwd_version == "v4"
-    buf = torch.empty(1 * 4 * 4096 * 64 + 1, dtype=fp16)
-    qm = buf[1:].view(1, 4, 4096, 64)                     # base 2 bytes past a 16-byte boundary
+    buf = torch.empty(1 * 64 * 4096 * 64 + 1, dtype=fp16)
+    qm = buf[1:].view(1, 64, 4096, 64)                    # base 2 bytes past a 16-byte boundary
     pm = P.plan_for(qm, ke.contiguous(), ke.contiguous(), True, facts=P.H200)
     assert (pm.fwd_version, pm.bwd_version) == ("v2", "v2")
 
@@ -216,7 +234,7 @@ def test_cli_prints_the_plan(capsys):
     out = capsys.readouterr().out
     assert "Nq=1000 Nk=700 D=128" in out and "padded to 128" in out and "forward  v2" in out
     assert "dkdv v2" in out and "dq v2" in out and "227 KB" in out
-    assert main(["plan", "--shape", "1,16,4096,64", "--device", "h200", "--kv-expanded"]) == 0
+    assert main(["plan", "--shape", "4,16,4096,64", "--device", "h200", "--kv-expanded"]) == 0
     out = capsys.readouterr().out            # a simulated GPU runs this Triton: before 3.4 no descriptors
     assert ("backward v3" if P.DEVICE_DESCRIPTORS else "backward v2: v4 wanted, but this Triton has no host") in out
     assert main(["plan", "--shape", "1,2,3"]) == 2
@@ -443,7 +461,7 @@ def _fresh_calls():
 def test_gpu_plan_here():
     f = P.device_facts()
     assert f.cc == device.capability() and f.shared_memory == device.shared_memory_per_block() and not f.interpret
-    p = P.plan(1, 16, 4096, 4096, 64, fp16, True)
+    p = P.plan(4, 16, 4096, 4096, 64, fp16, True)
     assert p.fwd_version == ("v3" if f.hopper else "v2") and p.bwd_version == ("v4" if f.hopper else "v2")
 
 

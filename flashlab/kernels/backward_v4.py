@@ -20,6 +20,8 @@ compiled for sm_90: docs/BENCHMARKS.md ("Descriptors made on the host").
 The interpreter and pre-Hopper GPUs (``TMA_REDUCE=False``) still add dQ through pointers into
 DQ_ACC, the buffer dq_desc describes.
 """
+import threading
+
 import torch
 import triton
 import triton.language as tl
@@ -127,6 +129,30 @@ def host_desc(t, rows: int = 16):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
 
+_ROWS = ("m", "n", "n", "m")   # q, k, v, dO; then dK, dV, dQ: n, n, m
+
+
+def descriptors(runners, cfg, tensors, part: int = 0) -> list:
+    """Host descriptors of ``tensors`` in the tiles of ``cfg`` (BLOCK_M rows for q, dO, dQ; BLOCK_N for the rest).
+
+    Made once per kind of call and thread, then re-pointed: the call's runners are kept per exact shapes,
+    strides and alignment, so from the second call on only each descriptor's base changes, and setting it
+    skips the constructor's checks (7 descriptors, tens of microseconds a call).  Per thread, because a
+    descriptor re-pointed by one thread must not be launched by another."""
+    rows = _ROWS if part == 0 else ("n", "n", "m")
+    if cfg is None or runners is None:   # autotuning (its pre-hook sets each config's tiles) or a one-off launch
+        bm, bn = (16, 16) if cfg is None else (cfg.block_m, cfg.block_n)
+        return [host_desc(t, bm if r == "m" else bn) for t, r in zip(tensors, rows)]
+    key = ("descriptors", part, threading.get_ident(), cfg)
+    made = runners.get(key)
+    if made is None:
+        made = runners[key] = [host_desc(t, cfg.block_m if r == "m" else cfg.block_n) for t, r in zip(tensors, rows)]
+    else:
+        for d, t in zip(made, tensors):
+            d.base = t
+    return made
+
+
 def desc_blocks(nargs: dict):
     """Give each descriptor among a kernel's arguments its config's tile: (1, 1, BLOCK_M or BLOCK_N, D).
 
@@ -144,9 +170,8 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     tail = (*lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, plan.n_key)
 
     def args(cfg):   # None: autotuning (its pre-hook sets each config's tiles)
-        bm, bn = (16, 16) if cfg is None else (cfg.block_m, cfg.block_n)
-        return (host_desc(q, bm), host_desc(k, bn), host_desc(v, bn), host_desc(do, bm), lse, delta,
-                host_desc(dk, bn), host_desc(dv, bn), host_desc(dq_acc, bm), dq_acc, *tail)
+        return (*descriptors(runners, cfg, (q, k, v, do)), lse, delta,
+                *descriptors(runners, cfg, (dk, dv, dq_acc), 1), dq_acc, *tail)
 
     step = plan.backward[1]
     tiles.run(step, flash_bwd_kernel_v4, args, plan.one_pass_constexprs,

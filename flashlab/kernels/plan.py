@@ -62,6 +62,13 @@ V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 i
 # causal it spills registers and v2's two kernels are faster.
 ONE_PASS_BWD = ((64, None), (128, False))
 
+# Backward v4 from this many K/V rows (B * H_kv * Nk) on: below it the one-pass kernel's few programs all add
+# into the same dQ rows at once and its host work (seven descriptors, a zero fill and a scale) is not hidden.
+# At the README demo's shape (B 1, H 16, D 64, causal; scripts/demo_backward.py, docs/BENCHMARKS.md 2026-12-02)
+# backward v2 was faster at N = 2048 (32,768 rows) in every run, v4 at N = 8192 and 16384; at N = 4096 (65,536
+# rows) each won one of two runs, whose host time drifted by half.
+ONE_PASS_MIN_ROWS = 1 << 16
+
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
 
 
@@ -311,7 +318,7 @@ class Plan:
 # ------------------------------------------------------------------------------------------- the choices
 
 def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | None, facts: DeviceFacts,
-                    deterministic: bool = False, variant: Variant = PLAIN) -> tuple:
+                    deterministic: bool = False, variant: Variant = PLAIN, rows: int | None = None) -> tuple:
     """({"fwd": version, "bwd": version}, {"fwd": reason, "bwd": reason}) before the layout is considered.
 
     Chosen by the H200 measurements in docs/BENCHMARKS.md (2026-11-30):
@@ -329,7 +336,8 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       forward v3; v2 otherwise.  At D = 128 causal the one-pass kernel's two (BLOCK_N, 128) float32
       accumulators plus the dQ tile spill registers and v2 is faster.  The one-pass dQ is not bitwise
       reproducible (the adds arrive in any order): with ``torch.use_deterministic_algorithms(True)``
-      the backward is v2, which is.
+      the backward is v2, which is.  And only from ONE_PASS_MIN_ROWS K/V rows (``rows`` = B * H * Nk)
+      on: a small problem (the README demo's B 1, H 16 at N = 2048) measured faster with v2.
 
     A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
     covers them: forward v4 and backward v5, whose hand-picked tiles are forward v2's and backward v2's.
@@ -362,7 +370,8 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     long_enough = bucket is None or bucket >= V3_FROM
     hopper = facts.hopper
     one_pass = any(d == head_dim and (c is None or c == causal) for d, c in ONE_PASS_BWD)
-    if hopper and long_enough and one_pass and not deterministic:
+    small = rows is not None and rows < ONE_PASS_MIN_ROWS
+    if hopper and long_enough and one_pass and not deterministic and not small:
         bwd, bwhy = "v4", (f"Hopper, length bucket >= {V3_FROM}, D = {head_dim}"
                            f"{' non-causal' if head_dim == 128 else ''}: one pass measured fastest")
     elif deterministic:
@@ -371,6 +380,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
         bwd, bwhy = "v2", "not Hopper: v2's two kernels (the one-pass dQ reduce is a TMA bulk add on Hopper only)"
     elif not long_enough:
         bwd, bwhy = "v2", f"length bucket < {V3_FROM}: v2 measured as fast or faster"
+    elif one_pass and small:
+        bwd, bwhy = "v2", (f"B * H * Nk = {rows} < {ONE_PASS_MIN_ROWS} K/V rows: v2 measured faster on small problems "
+                           "(the one-pass kernel's few programs add into the same dQ rows at once)")
     else:
         bwd, bwhy = "v2", (f"D = {head_dim}{' causal' if causal else ''}: the one-pass kernel "
                            + ("spills registers there" if head_dim == 128 else "was not measured faster"))
@@ -485,7 +497,8 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
         if v is not None and v not in ok:
             raise ValueError(f"version must be one of {ok}, got {v!r} ({name})")
     bucket = tiles.n_key(Nq, Nk)
-    versions, reasons = choose_versions(dtype, D, bucket, causal, facts, det, variant)
+    versions, reasons = choose_versions(dtype, D, bucket, causal, facts, det, variant,
+                                        B * (H // max(1, variant.kv_groups)) * Nk)
     if fv is not None and (fv == FP8) != (dtype == FP8_DTYPE):
         raise ValueError(f"forward version {fv!r} cannot run {dtype} inputs: the FP8 forward takes e4m3 "
                          "(torch.float8_e4m3fn) and only it does")
@@ -569,5 +582,5 @@ def forget() -> None:
 
 __all__ = ["Plan", "Step", "Layout", "Variant", "PLAIN", "DeviceFacts", "plan", "plan_for", "device_facts",
            "choose_versions", "layout_of", "tma_ok", "host_desc_ok", "kernel_head_dim", "SIMULATED",
-           "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "ONE_PASS_BWD", "FP8",
+           "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "ONE_PASS_BWD", "ONE_PASS_MIN_ROWS", "FP8",
            "FP8_DTYPE"]
