@@ -9,8 +9,9 @@ e4m3 (``torch.float8_e4m3fn``): 1 sign bit, 4 exponent bits, 3 mantissa bits, la
 smallest normal 2^-6, subnormals down to 2^-9.  Rounding to it costs at most 2^-4 relatively (half the
 spacing 2^-3 between neighbouring significands) for numbers in the normal range.  So every (batch, head)
 is scaled first, ``scale = amax / 448``: its largest element lands on 448 and the rest keep as much of the
-exponent range as they can.  The kernel is ``flashlab/kernels/forward_fp8.py``; it needs compute
-capability 8.9 or newer on a GPU (L4, H100, H200), or Triton's interpreter on a CPU.
+exponent range as they can.  The kernels are ``flashlab/kernels/forward_fp8.py`` (attention) and
+``flashlab/kernels/quantize_fp8.py`` (the quantisation); they need compute capability 8.9 or newer on a GPU
+(L4, H100, H200), or Triton's interpreter on a CPU.
 
 No backward: ``flash_attention(..., fp8=True)`` raises on inputs that need gradients; ``flash_attention_fp8``
 (e4m3 tensors in) returns an output without a gradient.  Plain and causal attention, and grouped K/V heads (GQA); no masks, windows, dropout.
@@ -23,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from . import device
-from .kernels.forward_fp8 import FP8_DTYPE, FP8_MAX, MIN_HEAD_DIM
+from .kernels import quantize_fp8 as quantize_kernels
+from .kernels.forward_fp8 import FP8_DTYPE, FP8_MAX, MIN_CC, MIN_HEAD_DIM
 from .kernels.plan import kernel_head_dim
 
 __all__ = ["quantize_fp8", "dequantize_fp8", "flash_attention_fp8", "FP8_DTYPE", "FP8_MAX"]
@@ -37,19 +39,43 @@ def quantize_fp8(t: torch.Tensor, *, transpose: bool = False):
     ``scale[b, h] = max |t[b, h]| / 448`` (1 where that head is all zeros), ``t8 = round(t / scale)``, clamped to
     +-448, so ``t ~ t8.float() * scale[..., None, None]`` with a relative error of at most 2^-4 per element in
     e4m3's normal range (|t / scale| >= 2^-6; smaller elements are off by at most 2^-10 * scale).
-    ``transpose=True`` returns t8 as (B, H, D, N), contiguous: V^T for the FP8 forward.  Plain torch, several
-    passes (a float32 copy, amax, a divide, the cast; a copy for transpose=True); its output is half (bf16) to a
-    quarter (fp32) of t's bytes.  No gradient flows through it.  Infinite or NaN elements make their head's
-    scale inf or NaN: check your inputs."""
+    ``transpose=True`` returns t8 as (B, H, D, N), contiguous: V^T for the FP8 forward.  Any strides.
+
+    Two Triton kernels (``flashlab/kernels/quantize_fp8.py``: the maxima, then scale, cast and store, V^T
+    written transposed directly), on a GPU of compute capability 8.9 or newer and in the interpreter on a
+    CPU; elsewhere, and for D > 256, the plain-torch passes of ``_quantize_torch``.  Both give the same bytes
+    (a NaN's sign bit aside).  No gradient flows through it.  A head with an infinite element gets scale inf
+    (its finite elements become 0, the infinities NaN); a head with a NaN gets scale 1 (NaN stays NaN, the
+    rest is clamped to +-448 unscaled): check your inputs."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"quantize_fp8 takes a torch.Tensor, got {type(t).__name__}")
     if t.dim() != 4:
         raise ValueError(f"quantize_fp8 takes a (B, H, N, D) tensor, got shape {tuple(t.shape)}")
     if t.dtype not in _OUT_DTYPES:
         raise TypeError(f"quantize_fp8 takes fp16, bf16 or fp32, got {t.dtype}")
+    if _triton_quantises(t):
+        return quantize_kernels.quantize(t.detach(), transpose)
+    return _quantize_torch(t, transpose)
+
+
+def _triton_quantises(t: torch.Tensor) -> bool:
+    """Whether quantize_fp8 runs the Triton kernels on t: a GPU with e4m3 conversions (cc >= 8.9, as the FP8
+    forward), or a CPU tensor in the interpreter; a non-empty t with D <= 256 (one tile spans D)."""
+    if t.numel() == 0 or t.shape[3] > quantize_kernels.MAX_HEAD_DIM:
+        return False
+    if t.device.type == "cuda":
+        return device._capability_of(t.device.index) >= MIN_CC
+    return t.device.type == "cpu" and device.INTERPRET
+
+
+def _quantize_torch(t: torch.Tensor, transpose: bool = False):
+    """quantize_fp8 in plain torch, several passes: a float32 copy, amax, a divide, a clamp, the cast, and a copy
+    for transpose=True (39 bytes moved per bf16 element, 41 for V^T, where the kernels move 5).  The reference the kernels
+    are tested against.  ``amax * (1 / 448)``: what torch computes for ``amax / 448`` on CUDA (a Python number
+    divides as a multiply by its reciprocal there), said so that a CPU rounds the same."""
     x = t.detach().float()
     amax = x.abs().amax(dim=(2, 3))
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax * (1 / FP8_MAX), torch.ones_like(amax))
     t8 = (x / scale[:, :, None, None]).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     if transpose:
         t8 = t8.transpose(2, 3).contiguous()

@@ -25,10 +25,12 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import flashlab  # noqa: F401  (first: GPU or interpreter)
 from flashlab import device, flash_attention, flash_attention_fp8, quantize_fp8
-from flashlab.fp8 import FP8_DTYPE, dequantize_fp8
+from flashlab.fp8 import FP8_DTYPE, _quantize_torch, _triton_quantises, dequantize_fp8
+from flashlab.kernels import quantize_fp8 as quantize_kernels
 from flashlab.kernels.forward_fp8 import round_to_e4m3
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -185,6 +187,89 @@ def test_quantize_round_trip_and_zeros(rng):
     assert torch.equal(tt8.transpose(2, 3).view(torch.uint8), t8.view(torch.uint8))
 
 
+def _same_quantisation(x, transpose):
+    """The Triton kernels' (t8, scale) against the plain-torch reference's: equal bytes, equal scale bits."""
+    t8, s = quantize_kernels.quantize(x, transpose)
+    r8, rs = _quantize_torch(x, transpose)
+    assert t8.shape == r8.shape and t8.is_contiguous() and s.shape == rs.shape and s.dtype == torch.float32
+    return torch.equal(t8.view(torch.uint8), r8.view(torch.uint8)) and torch.equal(s, rs)
+
+
+def _heads(B, N, D, dtype):
+    """(B, 4, N, D): heads of magnitude 1e-3, 1 and 1e4 (clamping and the scale matter), and an all-zero head."""
+    x = torch.randn(B, 4, N, D, device=DEV) * torch.tensor([1e-3, 1.0, 1e4, 0.0], device=DEV)[None, :, None, None]
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_quantize_kernels_equal_torch_bit_for_bit(rng, dtype, transpose):
+    """Ragged N (one tile, a partial tile, several tiles), D not a power of two, and non-contiguous inputs."""
+    assert _triton_quantises(_heads(1, 8, 16, dtype))               # quantize_fp8 takes this path here too
+    for N, D in [(1, 16), (37, 64), (300, 80), (600, 16)]:
+        x = _heads(2, N, D, dtype)
+        assert _same_quantisation(x, transpose), (N, D)
+        assert _same_quantisation(_heads(2, D, N, dtype).transpose(2, 3), transpose), (N, D, "unit stride along N")
+        assert _same_quantisation(x[:, 1:, ::2], transpose), (N, D, "a strided slice")
+    t8, s = quantize_fp8(x, transpose=transpose)
+    assert s[:, 3].eq(1.0).all() and t8[:, 3].float().eq(0).all()   # the all-zero head: scale 1, zeros
+
+
+def test_quantize_kernels_check_can_fail(rng):
+    """What the bitwise comparison catches: a scale off in its last bit, a missing transpose, a small scale error."""
+    x = torch.randn(4, 16, 64, 32, device=DEV)
+    t8, s = quantize_kernels.quantize(x)
+    amax = x.abs().amax(dim=(2, 3))
+    assert not torch.equal(s, amax / 448)           # the division rounds differently from * (1 / 448) in some heads
+    assert torch.equal(s, amax * (1 / 448))
+    vt8, _ = quantize_kernels.quantize(x, transpose=True)
+    assert not torch.equal(vt8.view(torch.uint8), t8.view(torch.uint8).reshape(vt8.shape))
+    nudged = (x / (s * (1 + 2.0**-10))[:, :, None, None]).clamp(-448, 448).to(FP8_DTYPE)
+    assert not torch.equal(nudged.view(torch.uint8), t8.view(torch.uint8))
+
+
+def test_quantize_kernels_round_ties_as_torch(rng):
+    """Inputs on and one or two float32 steps beside every tie between two e4m3 numbers (both signs): rounding
+    to nearest even, and x / scale, not x * (1 / scale), which rounds some of these the other way."""
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(FP8_DTYPE).float()      # every e4m3 number in [0, 448]
+    ties = (grid[1:] + grid[:-1]) / 2
+    head = torch.cat([ties, -ties]) * (1000 * (1 / 448))                         # x / scale lands near a tie
+    bits = head.view(torch.int32)[:, None] + torch.arange(-2, 3, dtype=torch.int32)
+    x = torch.cat([bits.view(torch.float32).flatten(), torch.tensor([1000.0])])   # amax 1000: the scale above
+    x = F.pad(x, (0, -x.numel() % 16)).reshape(1, 1, -1, 16).to(DEV)
+    assert _same_quantisation(x, False) and _same_quantisation(x, True)
+    r8, s = _quantize_torch(x)
+    by_reciprocal = (x * (1 / s)[:, :, None, None]).clamp(-448, 448).to(FP8_DTYPE)
+    assert not torch.equal(by_reciprocal.view(torch.uint8), r8.view(torch.uint8))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf / inf in the interpreter
+def test_quantize_kernels_on_nan_and_inf_as_torch(rng):
+    """A head with a NaN gets scale 1 (NaN elements stay NaN, the others are clamped to +-448); a head with an
+    inf gets scale inf (finite elements 0, infinities NaN).  The bytes match torch's but for a NaN's sign bit."""
+    x = torch.randn(1, 3, 50, 32, device=DEV) * 1000
+    x[0, 0, 3, 4] = float("nan")
+    x[0, 1, 7, 1], x[0, 1, 9, 9] = float("inf"), -float("inf")
+    for transpose in (False, True):
+        t8, s = quantize_kernels.quantize(x, transpose)
+        r8, rs = _quantize_torch(x, transpose)
+        assert torch.equal(s, rs) and s[0, 0] == 1.0 and s[0, 1] == float("inf") and torch.isfinite(s[0, 2])
+        b, rb = t8.view(torch.uint8), r8.view(torch.uint8)
+        nan, rnan = (b & 0x7F) == 0x7F, (rb & 0x7F) == 0x7F                  # e4m3's NaN: S.1111.111
+        assert torch.equal(nan, rnan) and torch.equal(b[~nan], rb[~rnan]) and nan.sum() == 3
+
+
+def test_op_quantises_with_the_kernels(rng):
+    """fp8=True from non-contiguous bf16 inputs is the FP8 forward on torch's quantisation, exactly, and within
+    the unit-normal cap of float64."""
+    q, k, v = (t.bfloat16().transpose(2, 3) for t in (torch.randn(1, 2, 64, 70, device=DEV) for _ in range(3)))
+    o = flash_attention(q, k, v, is_causal=True, fp8=True)
+    (q8, qs), (k8, ks), (vt8, vs) = _quantize_torch(q), _quantize_torch(k), _quantize_torch(v, True)
+    assert torch.equal(o, flash_attention_fp8(q8, k8, vt8, qs, ks, vs, True, out_dtype=torch.bfloat16))
+    o64, *_ = _attention64(q.double(), k.double(), v.double(), True, 1 / math.sqrt(64))
+    assert (o.double() - o64).abs().max().item() <= 0.25
+
+
 def test_per_tensor_scales_broadcast(rng):
     q, k, v = _inputs(2, 2, 2, 40, 40, 32)
     q8, k8, vt8 = (t.clamp(-448, 448).to(FP8_DTYPE) for t in (q * 100, k * 100, v.transpose(2, 3) * 100))
@@ -299,3 +384,28 @@ def test_gpu_fp8_forward(rng, causal, D):
     deq = (dequantize_fp8(*quantize_fp8(t)) for t in (q, k, v))
     od, a, lsum, v_rep, _ = _attention64(*deq, causal, 1 / math.sqrt(D))
     assert ((o.double() - o64).abs() <= (od - o64).abs() + _bound(a, lsum, v_rep, od, torch.bfloat16)).all()
+
+
+@pytest.mark.gpu
+def test_gpu_quantize_kernels_equal_torch(rng):
+    """On a GPU of compute capability >= 8.9 quantize_fp8 runs the compiled kernels (the hardware's e4m3
+    conversion): the same bytes and scales as torch's passes on the same GPU, at ragged and at realistic sizes."""
+    if device.capability() < (8, 9):
+        assert not _triton_quantises(torch.randn(1, 1, 8, 16, device="cuda"))
+        return
+    assert _triton_quantises(torch.randn(1, 1, 8, 16, device="cuda"))
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for transpose in (False, True):
+            for N, D in [(1, 16), (37, 64), (300, 80), (4097, 128), (1000, 256)]:
+                x = _heads(2, N, D, dtype)
+                assert _same_quantisation(x, transpose), (dtype, transpose, N, D)
+                assert _same_quantisation(_heads(2, D, N, dtype).transpose(2, 3), transpose), (dtype, N, D, "N-major")
+    x = torch.randn(2, 16, 16384, 128, device="cuda", dtype=torch.bfloat16)
+    assert _same_quantisation(x, False) and _same_quantisation(x, True)
+    x = torch.randn(1, 3, 50, 32, device="cuda") * 1000
+    x[0, 0, 3, 4], x[0, 1, 7, 1] = float("nan"), float("inf")
+    t8, s = quantize_kernels.quantize(x)
+    r8, rs = _quantize_torch(x)
+    b, rb = t8.view(torch.uint8), r8.view(torch.uint8)
+    nan = (b & 0x7F) == 0x7F
+    assert torch.equal(s, rs) and torch.equal(nan, (rb & 0x7F) == 0x7F) and torch.equal(b[~nan], rb[~nan])

@@ -19,6 +19,9 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                                   (no atomics); dropout's mask regenerated; descriptor loads on Hopper;
                                   flashlab.variants runs it
 
+Beside them, quantize_fp8.py: the e4m3 quantisation (per-(batch, head) maxima, then scale, cast and store,
+V^T written transposed) that ``flashlab.quantize_fp8`` runs before the FP8 forward; a helper, not a version.
+
 Forward v4 and backward v5 go through the same plan: a call with a :class:`~flashlab.kernels.plan.Variant`
 (``launch_forward(..., variant=...)``, as :mod:`flashlab.variants` calls it) is planned and launched like
 any other, its features choosing the versions whose ``SUPPORTS`` covers them.
