@@ -82,7 +82,8 @@ def main() -> int:
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     row["cudnn"] = tf(do_bench(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                                                return_mode="median"))
-                row["fp8_plan"] = tf(do_bench(lambda: flashlab.flash_attention_fp8(q8, k8, vt8, qs, ks, vs, causal),
+                row["fp8_plan"] = tf(do_bench(lambda: flashlab.flash_attention_fp8(q8, k8, vt8, qs, ks, vs, causal,
+                                                                                     check_scales=False),
                                               return_mode="median"))
                 row["fp8_op_with_quantize"] = tf(do_bench(lambda: flashlab.flash_attention(q, k, v, causal, fp8=True),
                                                           return_mode="median"))

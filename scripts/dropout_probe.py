@@ -17,17 +17,19 @@ compiles, in a process of its own (so Triton's cache sees one form), then
    1.0 means dropout is free.
 
 Why the forms (compiled for sm_90 with Triton 3.9, tiles 128 x 128 forward, 64 x 128 dK/dV, 128 x 64 dQ):
-the current form (one Philox call per 16 scores of a row, a (R, G, 16) byte tensor reshaped to (R, C))
-costs no layout conversion at all: Triton recomputes the whole Philox chain in the score tile's MMA
-layout.  But there each thread holds 2 rows x all G groups of the tile while the four threads of a quad
-hold the same rows (they differ in columns 2t, 2t + 1 of every 8): every Philox call runs 4 times
+"select" (one Philox call per 16 scores of a row, each column's word and byte picked in a (R, G, 16) tensor
+reshaped to (R, C)) costs no layout conversion at all: Triton recomputes the whole Philox chain in the score
+tile's MMA layout.  But there each thread holds 2 rows x all G groups of the tile while the four threads of a
+quad hold the same rows (they differ in columns 2t, 2t + 1 of every 8): every Philox call runs 4 times
 (forward, dQ; 8 times in dK/dV, whose transposed tile puts one 16-key group per warp).  IMAD goes
 171 -> 1707 in the forward, LOP3 60 -> 1148, SASS instructions 3808 -> 7360; no shared memory is added.
 The other forms evaluate Philox once per (row, group) and move words or bits to the MMA layout: fewer
 integer instructions, but a shared-memory round trip (convert_layout, STS/LDS, barriers), register spills
 at 255 registers, and 16 KiB more shared memory, which at 128 x 128 with 3 stages passes the H200's
-227 KiB, so the launcher falls back to the next hand-picked tile (printed with the timings).
-"mixed" keeps the current form in the forward and gathers in the backward (whose tiles have room to spare).
+227 KiB, so the launcher falls back to the next hand-picked tile (printed with the timings).  "current" is
+forward v4's own form, the 16 bits of a group built by joins (on the H200 the fastest of the three tried:
+docs/BENCHMARKS.md, 2026-12-02); "gather" fetches each column pair's word with tl.gather; "mixed" keeps the
+current form in the forward and gathers in the backward.
 ``--sass`` prints these counts for each form with the Triton at hand.
 """
 from __future__ import annotations
@@ -100,26 +102,25 @@ def keep_gather(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl
 
 
 @triton.jit
-def keep_join(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """Philox once per (row, group); the 16 bits of a group built by joins (no per-slot selection):
-    (R, G, 2, 2) words, each tested at its four bytes, joined to (R, G, 2, 2, 2, 2) = (R, C)."""
+def keep_select(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The form forward v4 had before the joins: each column's word picked per slot of a (R, G, 16) tensor, its
+    byte shifted out and narrowed, the tensor reshaped to (R, C) (Philox recomputed per thread of a quad)."""
     G: tl.constexpr = BLOCK_C // 16
     w0, w1, w2, w3 = _words(seed, bh, rows, col0, BLOCK_R, G)
-    thr = _top_threshold(p_drop)
-    words = tl.join(tl.join(w0, w2), tl.join(w1, w3))                                   # [a, b] = w(2a + b)
-    b0 = (words << 24) >= thr
-    b1 = (words << 16) >= thr
-    b2 = (words << 8) >= thr
-    b3 = words >= thr
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (BLOCK_R, BLOCK_C))   # [c, d] = byte 2c + d
+    slot = tl.arange(0, 16)[None, None, :]
+    word = tl.where(slot < 8, tl.where(slot < 4, w0[:, :, None], w1[:, :, None]),
+                    tl.where(slot < 12, w2[:, :, None], w3[:, :, None]))
+    byte = ((word >> ((slot % 4) * 8).to(tl.uint32)) & 0xFF).to(tl.uint8)
+    threshold = tl.cast(p_drop * 256.0 + 0.5, tl.int32)
+    return tl.reshape(byte, (BLOCK_R, BLOCK_C)).to(tl.int32) >= threshold
 
 
 # name -> (forward v4's form, backward v5's form); None: the one in flashlab/kernels/forward_v4.py.  The bits are
-# the same, so the forward and the backward may use different forms ("mixed": the forward keeps its form, whose
-# tile has no shared memory to spare, the backward gathers).
-FORMS = {"current": (None, None), "gather": (keep_gather, keep_gather), "join": (keep_join, keep_join),
+# the same, so the forward and the backward may use different forms ("mixed": the forward keeps its form, the
+# backward gathers).
+FORMS = {"current": (None, None), "gather": (keep_gather, keep_gather), "select": (keep_select, keep_select),
          "mixed": (None, keep_gather), "shift": (keep_shift, keep_shift)}
-DEFAULT = ("current", "gather", "join", "mixed")   # "shift" saves ~2 % of the SASS only: on request
+DEFAULT = ("current", "select", "gather", "mixed")   # "shift" saves ~2 % of the SASS only: on request
 
 
 def install(name: str):

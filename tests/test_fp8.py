@@ -315,6 +315,23 @@ def test_bad_inputs_raise_clear_errors(rng, make, exc, words):
         make(q, k, v)
 
 
+def test_check_scales_false_skips_only_the_scale_check(rng, monkeypatch):
+    """check_scales=False (for scales quantize_fp8 made) reads nothing back from the device; the default does."""
+    q, k, v = (torch.randn(1, 2, 40, 32, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    (q8, qs), (k8, ks), (vt8, vs) = quantize_fp8(q), quantize_fp8(k), quantize_fp8(v, transpose=True)
+    want = flash_attention_fp8(q8, k8, vt8, qs, ks, vs, True)
+    reads = []
+    real = torch.Tensor.__bool__
+    monkeypatch.setattr(torch.Tensor, "__bool__", lambda t: reads.append(1) or real(t))
+    got = flash_attention_fp8(q8, k8, vt8, qs, ks, vs, True, check_scales=False)
+    assert not reads and torch.equal(got, want)
+    flash_attention_fp8(q8, k8, vt8, qs, ks, vs, True)
+    assert len(reads) == 3                                          # one check per scale by default
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="q_scale must be positive"):
+        flash_attention_fp8(q8, k8, vt8, -qs, ks, vs, True)
+
+
 def test_gqa_through_the_op_and_no_gradient_from_quantize(rng):
     q, k, v = _inputs(1, 4, 2, 50, 60, 32)
     o = flash_attention(q, k, v, fp8=True, enable_gqa=True)

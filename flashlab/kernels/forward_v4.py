@@ -67,6 +67,13 @@ def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: t
     kept when the byte is >= 256 p (p_drop is a whole number of 1/256ths, see
     ``flashlab.reference.dropout_threshold``; ``flashlab.reference.dropout_keep`` is this in NumPy).
     ``col0``: a multiple of 16 (a tile's first column); BLOCK_C a multiple of 16.
+
+    How the bits reach the score tile matters more than Philox itself.  Picking each column's word and byte
+    in a (R, G, 16) tensor and reshaping it to (R, C) lets Triton recompute the whole Philox chain in the
+    score tile's MMA layout, where the four threads of a quad hold the same rows: every call runs 4 times
+    (8 in the dK/dV kernel's transposed tile).  Built by joins instead (below), each call runs once and the
+    bits move to the tile's layout through shared memory: on the H200 forward + backward with p = 0.1 went
+    from 0.52x to 0.63x the call without dropout (``scripts/dropout_probe.py``, docs/BENCHMARKS.md).
     """
     G: tl.constexpr = BLOCK_C // 16
     grp = col0 // 16 + tl.arange(0, G)
@@ -74,12 +81,15 @@ def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: t
     c1 = (rows[:, None] + grp[None, :] * 0).to(tl.uint32)
     c2 = (c0 * 0 + bh).to(tl.uint32)
     w0, w1, w2, w3 = tl.philox(seed, c0, c1, c2, c2 * 0)
-    slot = tl.arange(0, 16)[None, None, :]                             # column j = 16 g + slot
-    word = tl.where(slot < 8, tl.where(slot < 4, w0[:, :, None], w1[:, :, None]),
-                    tl.where(slot < 12, w2[:, :, None], w3[:, :, None]))
-    byte = ((word >> ((slot % 4) * 8).to(tl.uint32)) & 0xFF).to(tl.uint8)   # 8-bit: a small layout change
-    threshold = tl.cast(p_drop * 256.0 + 0.5, tl.int32)
-    return tl.reshape(byte, (BLOCK_R, BLOCK_C)).to(tl.int32) >= threshold
+    # byte b of a word w is >= t exactly when (w << (24 - 8 b)) >= t << 24 (unsigned): no mask, no narrowing
+    thr = (tl.cast(p_drop * 256.0 + 0.5, tl.int32) << 24).to(tl.uint32)
+    words = tl.join(tl.join(w0, w2), tl.join(w1, w3))                  # (R, G, 2, 2): [a, b] = word 2a + b
+    b0 = (words << 24) >= thr
+    b1 = (words << 16) >= thr
+    b2 = (words << 8) >= thr
+    b3 = words >= thr
+    # (R, G, 2, 2, 2, 2): [a, b, c, d] = byte 2c + d of word 2a + b = column 16 g + 8a + 4b + 2c + d
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (BLOCK_R, BLOCK_C))
 
 
 @triton.jit
