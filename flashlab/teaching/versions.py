@@ -12,6 +12,10 @@ bitwise repeatable.  Those sentences come from here, and this module asks
 ``facts``: a :class:`flashlab.kernels.plan.DeviceFacts`, a name of ``plan.SIMULATED`` ("t4", "l4",
 "a100", "h200"), or None for this process's device (the interpreter on a CPU).  Plans for a simulated
 GPU are made on any machine; nothing is launched.
+
+The calls are the benchmark protocol's (16k tokens: B = 16384 / N, H = 2048 / D) unless ``B`` and ``H`` are
+given: the batch and the heads matter only through the plan's small-problem rule (backward v4 from
+``plan.ONE_PASS_MIN_ROWS`` K/V rows, B * H * N, on), which a one-head call of a few thousand keys falls under.
 """
 from __future__ import annotations
 
@@ -35,14 +39,23 @@ def _facts(facts):
     return facts
 
 
-def plan_of(D: int, causal: bool, N: int, facts=None, dtype=torch.float16, deterministic: bool = False):
-    """The op's plan for one (B = 1, H = 1) call of this kind; the versions do not depend on B or H."""
-    return P.plan(1, 1, N, N, D, dtype, causal, deterministic=deterministic, facts=_facts(facts))
+def protocol_shape(D: int, N: int) -> tuple:
+    """(B, H) of the benchmark protocol's call at this head dim and length: 16k tokens, 2048 / D heads."""
+    return max(1, 16384 // N), max(1, 2048 // D)
 
 
-def versions(D: int, causal: bool, N: int, facts=None, dtype=torch.float16, deterministic: bool = False) -> tuple:
+def plan_of(D: int, causal: bool, N: int, facts=None, dtype=torch.float16, deterministic: bool = False,
+            B: int | None = None, H: int | None = None):
+    """The op's plan for a call of this kind (B, H: the protocol's unless given)."""
+    pb, ph = protocol_shape(D, N)
+    return P.plan(pb if B is None else B, ph if H is None else H, N, N, D, dtype, causal,
+                  deterministic=deterministic, facts=_facts(facts))
+
+
+def versions(D: int, causal: bool, N: int, facts=None, dtype=torch.float16, deterministic: bool = False,
+             B: int | None = None, H: int | None = None) -> tuple:
     """(forward version, backward version) the op runs."""
-    p = plan_of(D, causal, N, facts, dtype, deterministic)
+    p = plan_of(D, causal, N, facts, dtype, deterministic, B, H)
     return p.fwd_version, p.bwd_version
 
 
@@ -57,20 +70,22 @@ def _where(facts, dtype) -> str:
     return f"{f.name.replace(' (simulated)', '')}, {str(dtype).replace('torch.', '')}"
 
 
-def sentence(D: int, causal: bool, N: int, facts=None, dtype=torch.float16) -> str:
+def sentence(D: int, causal: bool, N: int, facts=None, dtype=torch.float16, B: int | None = None,
+             H: int | None = None) -> str:
     """One sentence: what runs for this call, and why (the plan's reasons)."""
-    p = plan_of(D, causal, N, facts, dtype)
+    p = plan_of(D, causal, N, facts, dtype, B=B, H=H)
     mode = "causal" if causal else "non-causal"
     return (f"{_where(facts, dtype)}, D = {D}, {mode}, N = {N}: forward {p.fwd_version} ({p.reasons['fwd']}); "
             f"backward {p.bwd_version} ({p.reasons['bwd']}).")
 
 
-def determinism(D: int, causal: bool, N: int, facts=None, dtype=torch.float16) -> str:
+def determinism(D: int, causal: bool, N: int, facts=None, dtype=torch.float16, B: int | None = None,
+                H: int | None = None) -> str:
     """Whether the default backward repeats bit for bit, and what ``torch.use_deterministic_algorithms(True)``
     changes, for this call."""
     f = _facts(facts)
-    bwd = versions(D, causal, N, f, dtype)[1]
-    det = versions(D, causal, N, f, dtype, deterministic=True)[1]
+    bwd = versions(D, causal, N, f, dtype, B=B, H=H)[1]
+    det = versions(D, causal, N, f, dtype, deterministic=True, B=B, H=H)[1]
     head = f"{_where(f, dtype)}, D = {D}, {'causal' if causal else 'non-causal'}, N = {N}: the backward is {bwd}"
     if f.interpret:
         return head + " (the interpreter runs one program at a time, in one order: every version repeats here)."
@@ -84,7 +99,7 @@ def table(facts=None, dtype=torch.float16, Ds=(64, 128), Ns=NS) -> str:
     """The versions the op runs for each head dim, mask and length (and in deterministic mode)."""
     f = _facts(facts)
     star = False
-    lines = [f"flashlab.flash_attention on {_where(f, dtype)} (from flashlab.kernels.plan)",
+    lines = [f"flashlab.flash_attention on {_where(f, dtype)} (from flashlab.kernels.plan; 16k tokens a call)",
              f"{'D':>4} {'causal':>7} " + " ".join(f"{'N=' + str(n):>9}" for n in Ns)
              + "   (forward/backward; deterministic backward)"]
     for D in Ds:
@@ -103,4 +118,4 @@ def table(facts=None, dtype=torch.float16, Ds=(64, 128), Ns=NS) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["plan_of", "versions", "repeatable", "sentence", "determinism", "table", "ATOMIC_DQ", "NS"]
+__all__ = ["protocol_shape", "plan_of", "versions", "repeatable", "sentence", "determinism", "table", "ATOMIC_DQ", "NS"]
