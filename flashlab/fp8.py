@@ -175,8 +175,9 @@ def flash_attention_fp8(q8, k8, vt8, q_scale, k_scale, v_scale, is_causal: bool 
         out_dtype: O's dtype: torch.bfloat16 (default), torch.float16 or torch.float32.
         return_lse: also return the log-sum-exp (B, H, Nq), float32, natural log.
         check_scales: check that every scale is positive and finite (a ValueError otherwise).  On a GPU each
-            check reads a result back to the host, which stalls the GPU between calls (on the H200 at N = 16k,
-            D = 128, three checks cost a fifth of the call's speed): pass False for scales quantize_fp8 made.
+            check reads a result back to the host, which stalls the GPU between calls (docs/BENCHMARKS.md has
+            what the H200 measured with and without them): pass False for scales quantize_fp8 made from
+            finite inputs.
 
     Returns o (B, H, Nq, D) in ``out_dtype``, or (o, lse).  No gradient flows through it.
     """

@@ -108,7 +108,8 @@ def flash_bwd_kernel_v4(
 
 
 # ------------------------------------------------------------------------------------- configs and launcher
-# v4's one idea on the host: the seven descriptors, made here once per call over the whole tensors.
+# v4's one idea on the host: the seven descriptors over the whole tensors, made here once per kind of call and
+# thread, then re-pointed at each call's tensors (descriptors()).
 
 try:   # descriptors made on the host; older Triton releases lack them (the plan then runs v2)
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -62,11 +62,11 @@ V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 i
 # causal it spills registers and v2's two kernels are faster.
 ONE_PASS_BWD = ((64, None), (128, False))
 
-# Backward v4 from this many K/V rows (B * H_kv * Nk) on: below it the one-pass kernel's few programs all add
-# into the same dQ rows at once and its host work (seven descriptors, a zero fill and a scale) is not hidden.
-# At the README demo's shape (B 1, H 16, D 64, causal; scripts/demo_backward.py, docs/BENCHMARKS.md 2026-12-02)
-# backward v2 was faster at N = 2048 (32,768 rows) in every run, v4 at N = 8192 and 16384; at N = 4096 (65,536
-# rows) each won one of two runs, whose host time drifted by half.
+# Backward v4 from this many K/V rows (B * H_kv * Nk) on: below it a call's time is mostly the host's, and v4 has
+# more host work than v2 (seven descriptors encoded per launch, a zero fill and a scale).  At the README demo's
+# shape (B 1, H 16, D 64, causal; scripts/demo_backward.py, docs/BENCHMARKS.md 2026-12-02) the host took 217-504
+# us a backward call with v4 and 167-366 with v2; v2 was faster at N = 2048 (32,768 rows) in every run, v4 at
+# N = 8192 and 16384; at N = 4096 (65,536 rows) each won one of two runs, whose host time drifted by half.
 ONE_PASS_MIN_ROWS = 1 << 16
 
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
@@ -382,7 +382,7 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
         bwd, bwhy = "v2", f"length bucket < {V3_FROM}: v2 measured as fast or faster"
     elif one_pass and small:
         bwd, bwhy = "v2", (f"B * H * Nk = {rows} < {ONE_PASS_MIN_ROWS} K/V rows: v2 measured faster on small problems "
-                           "(the one-pass kernel's few programs add into the same dQ rows at once)")
+                           "(host-bound there, and v4 has more host work: descriptors, a zero fill, a scale)")
     else:
         bwd, bwhy = "v2", (f"D = {head_dim}{' causal' if causal else ''}: the one-pass kernel "
                            + ("spills registers there" if head_dim == 128 else "was not measured faster"))
