@@ -29,7 +29,6 @@ from triton.testing import do_bench  # noqa: E402
 
 import flashlab  # noqa: E402
 from flashlab import attention  # noqa: E402
-from flashlab.kernels import plan as plan_mod  # noqa: E402
 
 PLAN_FOR = attention.plan_for
 

@@ -49,6 +49,7 @@ if "--sass" in sys.argv:
 import flashlab  # noqa: E402  (sets TRITON_INTERPRET before triton.jit runs: the forms below follow it)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from flashlab.kernels.forward_v4 import dropout_top_threshold, dropout_words  # noqa: E402  (shared by every form)
 
 # ------------------------------------------------------------------------------------------------ the forms
 # Every form has forward_v4.dropout_keep's contract: keep mask (BLOCK_R, BLOCK_C) of the scores
@@ -57,31 +58,15 @@ import triton.language as tl  # noqa: E402
 
 
 @triton.jit
-def _words(seed, bh, rows, col0, BLOCK_R: tl.constexpr, G: tl.constexpr):
-    """The four Philox words of each (row, group of 16 columns): (BLOCK_R, G) each."""
-    grp = col0 // 16 + tl.arange(0, G)
-    c0 = (grp[None, :] + rows[:, None] * 0).to(tl.uint32)
-    c1 = (rows[:, None] + grp[None, :] * 0).to(tl.uint32)
-    c2 = (c0 * 0 + bh).to(tl.uint32)
-    return tl.philox(seed, c0, c1, c2, c2 * 0)
-
-
-@triton.jit
-def _top_threshold(p_drop):
-    """256 p in the top byte of a uint32: byte b of w is >= t exactly when (w << (24 - 8 b)) >= t << 24."""
-    return (tl.cast(p_drop * 256.0 + 0.5, tl.int32) << 24).to(tl.uint32)
-
-
-@triton.jit
 def keep_shift(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """The current layout (word picked per slot of a (R, G, 16) tensor, reshaped); the byte is tested by
     shifting it to the top of the word and comparing with 256 p << 24 (no mask, no narrowing)."""
     G: tl.constexpr = BLOCK_C // 16
-    w0, w1, w2, w3 = _words(seed, bh, rows, col0, BLOCK_R, G)
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, G)
     slot = tl.arange(0, 16)[None, None, :]
     word = tl.where(slot < 8, tl.where(slot < 4, w0[:, :, None], w1[:, :, None]),
                     tl.where(slot < 12, w2[:, :, None], w3[:, :, None]))
-    keep = (word << ((3 - slot % 4) * 8).to(tl.uint32)) >= _top_threshold(p_drop)
+    keep = (word << ((3 - slot % 4) * 8).to(tl.uint32)) >= dropout_top_threshold(p_drop)
     return tl.reshape(keep, (BLOCK_R, BLOCK_C))
 
 
@@ -90,11 +75,11 @@ def keep_gather(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl
     """Philox once per (row, group); the row's words in column order, (R, 4 G) (word of column j: j // 4);
     each pair of columns (2m, 2m + 1) gathers its word, tests its two bytes; the pairs joined to (R, C)."""
     G: tl.constexpr = BLOCK_C // 16
-    w0, w1, w2, w3 = _words(seed, bh, rows, col0, BLOCK_R, G)
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, G)
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), (BLOCK_R, 4 * G))   # [g, 2a + b] = w(2a + b)
     m = tl.arange(0, BLOCK_C // 2)
     word = tl.gather(words, (m // 2)[None, :] + rows[:, None] * 0, 1)                  # (R, C / 2)
-    thr = _top_threshold(p_drop)
+    thr = dropout_top_threshold(p_drop)
     sh = ((1 - m % 2) * 16).to(tl.uint32)[None, :]                                      # bytes 2 (m % 2), + 1
     even = (word << (sh + 8)) >= thr
     odd = (word << sh) >= thr
@@ -106,7 +91,7 @@ def keep_select(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl
     """The form forward v4 had before the joins: each column's word picked per slot of a (R, G, 16) tensor, its
     byte shifted out and narrowed, the tensor reshaped to (R, C) (Philox recomputed per thread of a quad)."""
     G: tl.constexpr = BLOCK_C // 16
-    w0, w1, w2, w3 = _words(seed, bh, rows, col0, BLOCK_R, G)
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, G)
     slot = tl.arange(0, 16)[None, None, :]
     word = tl.where(slot < 8, tl.where(slot < 4, w0[:, :, None], w1[:, :, None]),
                     tl.where(slot < 12, w2[:, :, None], w3[:, :, None]))

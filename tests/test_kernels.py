@@ -130,7 +130,7 @@ def test_one_pass_repoints_its_descriptors(rng):
         grads = [torch.empty_like(t) for t in (q, k, v)]
         launch_backward(q, k, v, o, lse, do, *grads, False, 0.5, version="v4")
         runners = kernels._runners(p, (q, k, v, o, lse, do, *grads))
-        descs = [d for key, ds in runners.items() if key[0] == "descriptors" and key[2] == threading.get_ident()
+        descs = [d for key, ds in runners.items() if key[0] == "descriptors" and key[1] == threading.get_ident()
                  for d in ds]   # this thread's (on a GPU autograd ran check_attention's backward on its own thread)
         assert descs, "backward v4 kept no descriptors"
         live = {t.data_ptr() for t in (q, k, v, do, grads[1], grads[2])}

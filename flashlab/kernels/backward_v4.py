@@ -130,27 +130,25 @@ def host_desc(t, rows: int = 16):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
 
-_ROWS = ("m", "n", "n", "m")   # q, k, v, dO; then dK, dV, dQ: n, n, m
-
-
-def descriptors(runners, cfg, tensors, part: int = 0) -> list:
-    """Host descriptors of ``tensors`` in the tiles of ``cfg`` (BLOCK_M rows for q, dO, dQ; BLOCK_N for the rest).
+def descriptors(runners, cfg, tensors) -> list:
+    """Host descriptors of q, k, v, dO, dK, dV and the dQ buffer (``tensors``, in that order) in the tiles of
+    ``cfg``: BLOCK_M rows for q, dO and dQ, BLOCK_N for the rest.
 
     Made once per kind of call and thread, then re-pointed: the call's runners are kept per exact shapes,
     strides and alignment, so from the second call on only each descriptor's base changes, and setting it
     skips the constructor's checks (7 descriptors, tens of microseconds a call).  Per thread, because a
     descriptor re-pointed by one thread must not be launched by another."""
-    rows = _ROWS if part == 0 else ("n", "n", "m")
-    if cfg is None or runners is None:   # autotuning (its pre-hook sets each config's tiles) or a one-off launch
-        bm, bn = (16, 16) if cfg is None else (cfg.block_m, cfg.block_n)
-        return [host_desc(t, bm if r == "m" else bn) for t, r in zip(tensors, rows)]
-    key = ("descriptors", part, threading.get_ident(), cfg)
-    made = runners.get(key)
-    if made is None:
-        made = runners[key] = [host_desc(t, cfg.block_m if r == "m" else cfg.block_n) for t, r in zip(tensors, rows)]
-    else:
+    keep = cfg is not None and runners is not None   # not while autotuning (its pre-hook sets the tiles) or one-off
+    key = ("descriptors", threading.get_ident(), cfg)
+    made = runners.get(key) if keep else None
+    if made is not None:
         for d, t in zip(made, tensors):
             d.base = t
+        return made
+    bm, bn = (16, 16) if cfg is None else (cfg.block_m, cfg.block_n)
+    made = [host_desc(t, bm if i in (0, 3, 6) else bn) for i, t in enumerate(tensors)]
+    if keep:
+        runners[key] = made
     return made
 
 
@@ -171,8 +169,8 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     tail = (*lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, plan.n_key)
 
     def args(cfg):   # None: autotuning (its pre-hook sets each config's tiles)
-        return (*descriptors(runners, cfg, (q, k, v, do)), lse, delta,
-                *descriptors(runners, cfg, (dk, dv, dq_acc), 1), dq_acc, *tail)
+        d = descriptors(runners, cfg, (q, k, v, do, dk, dv, dq_acc))
+        return (*d[:4], lse, delta, *d[4:], dq_acc, *tail)
 
     step = plan.backward[1]
     tiles.run(step, flash_bwd_kernel_v4, args, plan.one_pass_constexprs,

@@ -59,6 +59,24 @@ def _tanh(x):
 
 
 @triton.jit
+def dropout_words(seed, bh, rows, col0, G: tl.constexpr):
+    """The four Philox words of each (row, group of 16 columns from col0): (len(rows), G) each, counter
+    (column // 16, row, bh, 0), key the seed."""
+    grp = col0 // 16 + tl.arange(0, G)
+    c0 = (grp[None, :] + rows[:, None] * 0).to(tl.uint32)              # (R, G): one counter a group
+    c1 = (rows[:, None] + grp[None, :] * 0).to(tl.uint32)
+    c2 = (c0 * 0 + bh).to(tl.uint32)
+    return tl.philox(seed, c0, c1, c2, c2 * 0)
+
+
+@triton.jit
+def dropout_top_threshold(p_drop):
+    """256 p in the top byte of a uint32: byte b of a word w is >= 256 p exactly when (w << (24 - 8 b)) >= this
+    (unsigned), so a byte is tested with a shift and a compare: no mask, no narrowing."""
+    return (tl.cast(p_drop * 256.0 + 0.5, tl.int32) << 24).to(tl.uint32)
+
+
+@triton.jit
 def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Keep mask (BLOCK_R, BLOCK_C) of the scores (rows, col0 + 0 ... BLOCK_C - 1) of (batch * H + head) ``bh``.
 
@@ -75,14 +93,8 @@ def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: t
     bits move to the tile's layout through shared memory: on the H200 forward + backward with p = 0.1 went
     from 0.52x to 0.63x the call without dropout (``scripts/dropout_probe.py``, docs/BENCHMARKS.md).
     """
-    G: tl.constexpr = BLOCK_C // 16
-    grp = col0 // 16 + tl.arange(0, G)
-    c0 = (grp[None, :] + rows[:, None] * 0).to(tl.uint32)              # (BLOCK_R, G): one counter a group
-    c1 = (rows[:, None] + grp[None, :] * 0).to(tl.uint32)
-    c2 = (c0 * 0 + bh).to(tl.uint32)
-    w0, w1, w2, w3 = tl.philox(seed, c0, c1, c2, c2 * 0)
-    # byte b of a word w is >= t exactly when (w << (24 - 8 b)) >= t << 24 (unsigned): no mask, no narrowing
-    thr = (tl.cast(p_drop * 256.0 + 0.5, tl.int32) << 24).to(tl.uint32)
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, BLOCK_C // 16)
+    thr = dropout_top_threshold(p_drop)
     words = tl.join(tl.join(w0, w2), tl.join(w1, w3))                  # (R, G, 2, 2): [a, b] = word 2a + b
     b0 = (words << 24) >= thr
     b1 = (words << 16) >= thr

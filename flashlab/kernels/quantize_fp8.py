@@ -40,6 +40,7 @@ at 4.8 TB/s; these kernels 0.50 GB, 0.10 ms, 8x less.  Recorded there (docs/BENC
 run): the FP8 kernel 3.24 / 1.64 ms (non-causal / causal), the bf16 forward 4.15 / 2.13 ms, ``fp8=True``
 4.75 / 3.13 ms, so the torch passes cost about 1.5 ms, below HBM's peak.  With 0.1-0.2 ms instead,
 ``fp8=True`` should take about 3.4 / 1.8 ms: about 1.2x the bf16 forward where it was 0.87x / 0.68x.
+(What the H200 then measured, quantisation and ``fp8=True``: docs/BENCHMARKS.md, 2026-12-02.)
 Two things could make it slower: each element is divided (IEEE ``div_rn``, several instructions where a
 multiply is one: torch divides, and the bytes must match), which brings the quantising pass's arithmetic
 near what an H200 issues per byte of HBM; and each op makes nine launches (per tensor: the maxima zeroed,
