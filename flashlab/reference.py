@@ -371,17 +371,18 @@ def philox4x32(seed: int, c0, c1, c2, c3, rounds: int = 10):
     return c0, c1, c2, c3
 
 
-def dropout_keep(seed: int, bh: int, rows, cols, p: float) -> np.ndarray:
+def dropout_keep(seed: int, bh: int, rows, cols, p: float, rounds: int = 10) -> np.ndarray:
     """The kernels' dropout mask, bit for bit: bool (len(rows), len(cols)), True = kept.
 
     Score (row i, column j) of (batch * H + head) ``bh``: Philox with key ``seed`` and counter
     (j // 16, i, bh, 0) gives four 32-bit words for the 16 columns of that group; column j takes byte
     j % 4 of word (j // 4) % 4 and is kept when that byte is >= :func:`dropout_threshold` (p).  A pure
     function of (seed, batch, head, row, column): any tile asks for its own part and gets the same bits.
+    ``rounds``: Philox's rounds (the kernels use 10; ``scripts/dropout_probe.py`` times fewer).
     """
     r = np.asarray(rows, dtype=np.int64).reshape(-1, 1)
     c = np.asarray(cols, dtype=np.int64).reshape(1, -1)
-    words = philox4x32(seed, c // DROPOUT_GROUP, r, bh, 0)
+    words = philox4x32(seed, c // DROPOUT_GROUP, r, bh, 0, rounds)
     slot = np.broadcast_to(c % DROPOUT_GROUP, words[0].shape)
     word = np.choose(slot // 4, words)
     byte = (word >> (np.uint64(8) * (slot % 4).astype(np.uint64))) & np.uint64(0xFF)

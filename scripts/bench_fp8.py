@@ -8,7 +8,7 @@ For each shape (16k tokens: B = 16384 / N, H = 2048 / D; causal both ways), on b
    forward's (quantisation included), and the FP8 kernel's against float64 of its own dequantised inputs;
 2. TFLOP/s (``do_bench`` medians; forward FLOPs 4 B H N^2 D, half when causal): flashlab's bf16 forward (the
    op, no gradient), SDPA's cuDNN backend, the FP8 kernel on inputs already in e4m3 (the plan's tiles, then each
-   hand-picked config forced), and ``flash_attention(..., fp8=True)`` whole (its quantisation included: the
+   hand-picked config forced, with descriptor loads and, marked "ptr", with pointer loads), and ``flash_attention(..., fp8=True)`` whole (its quantisation included: the
    Triton kernels of flashlab/kernels/quantize_fp8.py on compute capability >= 8.9);
 3. quantising Q, K and V^T alone, as ``fp8=True`` does (milliseconds, ``do_bench`` medians; once per shape, the
    same for both causal modes): the plain-torch passes (``flashlab.fp8._quantize_torch``) and the Triton kernels,
@@ -100,8 +100,10 @@ def main() -> int:
                 o = torch.empty_like(q)
                 lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
                 row["configs"] = {}
-                for cfg in forward_fp8.forward_fp8_configs(D, cc):
-                    name = f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+                for cfg, tma in [(c, t) for t in (True, False) for c in forward_fp8.forward_fp8_configs(D, cc)]:
+                    name = f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{'' if tma else ' ptr'}"
+                    forward_fp8.TMA = tma            # descriptor loads (Hopper's default) or v2's pointer loads
+                    kernels._RUNNERS.clear()         # the runners cache is keyed by the plan, not by TMA
                     try:
                         run = lambda cfg=cfg: kernels.launch_forward(  # noqa: E731
                             q8, k8, vt8, o, lse, causal, D ** -0.5, config=cfg, q_scale=qs, k_scale=ks, v_scale=vs)
@@ -111,6 +113,8 @@ def main() -> int:
                                                 if err <= 4 * row["err_fp8_kernel"] + 1e-3 else f"WRONG {err:.3g}")
                     except Exception as e:   # noqa: BLE001 - a config that does not compile is reported
                         row["configs"][name] = f"error: {type(e).__name__}"
+                forward_fp8.TMA = None
+                kernels._RUNNERS.clear()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print()

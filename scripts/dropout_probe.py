@@ -31,6 +31,14 @@ forward v4's own form, the 16 bits of a group built by joins (on the H200 the fa
 docs/BENCHMARKS.md, 2026-12-02); "gather" fetches each column pair's word with tl.gather; "mixed" keeps the
 current form in the forward and gathers in the backward.
 ``--sass`` prints these counts for each form with the Triton at hand.
+
+Forms that move fewer bytes to the tile (docs/BENCHMARKS.md, the entry "dropout's cost taken apart"): "bits"
+packs a group's 16 tests into one word and lets each score take its bit; nothing stops Triton from
+recomputing Philox in the MMA layout again (IMAD 171 -> 2441 in the forward).  "nibble" and "byte" keep a join
+on a dimension the quad's lanes split, so Philox runs once, and cross 1 byte per 4 or per 8 scores (the byte
+form's forward fits 128 x 128 tiles in the H200's 227 KiB, 232448 bytes exactly).  "rounds7" and "rounds0" are
+the current form with Philox-4x32-7 and with no rounds at all (other bits, checked against the NumPy
+reference with the same rounds): what Philox's rounds cost, and what everything else costs.
 """
 from __future__ import annotations
 
@@ -49,6 +57,7 @@ if "--sass" in sys.argv:
 import flashlab  # noqa: E402  (sets TRITON_INTERPRET before triton.jit runs: the forms below follow it)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from flashlab.kernels.forward_v4 import dropout_keep as keep_join  # noqa: E402  (before install() replaces it)
 from flashlab.kernels.forward_v4 import dropout_top_threshold, dropout_words  # noqa: E402  (shared by every form)
 
 # ------------------------------------------------------------------------------------------------ the forms
@@ -87,6 +96,84 @@ def keep_gather(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl
 
 
 @triton.jit
+def keep_bits(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Philox once per (row, group); the group's 16 tests packed into one word's bits 0-15 (bit j: column
+    16 g + j), then each score takes its bit: (R, G) words move to the tile's layout, not (R, C) bytes."""
+    G: tl.constexpr = BLOCK_C // 16
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, G)
+    thr = dropout_top_threshold(p_drop)
+    m = ((w0 << 24) >= thr).to(tl.uint32)
+    m |= ((w0 << 16) >= thr).to(tl.uint32) << 1
+    m |= ((w0 << 8) >= thr).to(tl.uint32) << 2
+    m |= (w0 >= thr).to(tl.uint32) << 3
+    m |= ((w1 << 24) >= thr).to(tl.uint32) << 4
+    m |= ((w1 << 16) >= thr).to(tl.uint32) << 5
+    m |= ((w1 << 8) >= thr).to(tl.uint32) << 6
+    m |= (w1 >= thr).to(tl.uint32) << 7
+    m |= ((w2 << 24) >= thr).to(tl.uint32) << 8
+    m |= ((w2 << 16) >= thr).to(tl.uint32) << 9
+    m |= ((w2 << 8) >= thr).to(tl.uint32) << 10
+    m |= (w2 >= thr).to(tl.uint32) << 11
+    m |= ((w3 << 24) >= thr).to(tl.uint32) << 12
+    m |= ((w3 << 16) >= thr).to(tl.uint32) << 13
+    m |= ((w3 << 8) >= thr).to(tl.uint32) << 14
+    m |= (w3 >= thr).to(tl.uint32) << 15
+    j = tl.arange(0, 16).to(tl.uint32)[None, None, :]
+    return tl.reshape((m[:, :, None] >> j) & 1, (BLOCK_R, BLOCK_C)) != 0
+
+
+@triton.jit
+def _nibble(wlo, whi, c: tl.constexpr, thr):
+    """Bits (2a + d) = the tests of byte 2c + d of word wlo (a = 0) and of whi (a = 1)."""
+    k0 = ((wlo << (24 - 16 * c)) >= thr).to(tl.uint8)
+    k1 = ((wlo << (16 - 16 * c)) >= thr).to(tl.uint8)
+    k2 = ((whi << (24 - 16 * c)) >= thr).to(tl.uint8)
+    k3 = ((whi << (16 - 16 * c)) >= thr).to(tl.uint8)
+    return k0 | (k1 << 1) | (k2 << 2) | (k3 << 3)
+
+
+@triton.jit
+def keep_nibble(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Philox once per (row, group); column 16 g + 8a + 4b + 2c + d is byte 2c + d of word 2a + b.  The four
+    columns a thread of an MMA quad holds for (b, c) (a and d vary) go in one byte's 4 bits, the (R, G, c, b)
+    bytes built by joins (1 byte per 4 scores crosses to the tile's layout), the bits taken out there."""
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, BLOCK_C // 16)
+    thr = dropout_top_threshold(p_drop)
+    nib = tl.join(tl.join(_nibble(w0, w2, 0, thr), _nibble(w0, w2, 1, thr)),
+                  tl.join(_nibble(w1, w3, 0, thr), _nibble(w1, w3, 1, thr)))          # (R, G, c, b)
+    ad = tl.arange(0, 4).to(tl.uint8)
+    bits = (nib[:, :, :, :, None] >> ad[None, None, None, None, :]) & 1              # (R, G, c, b, 2a + d)
+    bits = tl.reshape(bits, (BLOCK_R, BLOCK_C // 16, 2, 2, 2, 2))                      # (R, G, c, b, a, d)
+    return tl.reshape(tl.permute(bits, (0, 1, 4, 3, 2, 5)), (BLOCK_R, BLOCK_C)) != 0
+
+
+@triton.jit
+def keep_byte(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """As "nibble", with c in the bits too: one byte per (row, group, b), bit 4c + 2a + d; the (R, G, b) bytes
+    built by one join (1 byte per 8 scores crosses to the tile's layout)."""
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, BLOCK_C // 16)
+    thr = dropout_top_threshold(p_drop)
+    by = tl.join(_nibble(w0, w2, 0, thr) | (_nibble(w0, w2, 1, thr) << 4),
+                 _nibble(w1, w3, 0, thr) | (_nibble(w1, w3, 1, thr) << 4))             # (R, G, b)
+    cad = tl.arange(0, 8).to(tl.uint8)
+    bits = (by[:, :, :, None] >> cad[None, None, None, :]) & 1                       # (R, G, b, 4c + 2a + d)
+    bits = tl.reshape(bits, (BLOCK_R, BLOCK_C // 16, 2, 2, 2, 2))                      # (R, G, b, c, a, d)
+    return tl.reshape(tl.permute(bits, (0, 1, 4, 2, 3, 5)), (BLOCK_R, BLOCK_C)) != 0
+
+
+@triton.jit
+def keep_rounds7(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The current form with Philox-4x32-7 (the fewest rounds its authors found to pass BigCrush): other bits."""
+    return keep_join(seed, bh, rows, col0, p_drop, BLOCK_R, BLOCK_C, 7)
+
+
+@triton.jit
+def keep_rounds0(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The current form with no Philox rounds (the counters as words; not random): what all but Philox costs."""
+    return keep_join(seed, bh, rows, col0, p_drop, BLOCK_R, BLOCK_C, 0)
+
+
+@triton.jit
 def keep_select(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """The form forward v4 had before the joins: each column's word picked per slot of a (R, G, 16) tensor, its
     byte shifted out and narrowed, the tensor reshaped to (R, C) (Philox recomputed per thread of a quad)."""
@@ -104,7 +191,11 @@ def keep_select(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl
 # the same, so the forward and the backward may use different forms ("mixed": the forward keeps its form, the
 # backward gathers).
 FORMS = {"current": (None, None), "gather": (keep_gather, keep_gather), "select": (keep_select, keep_select),
-         "mixed": (None, keep_gather), "shift": (keep_shift, keep_shift)}
+         "mixed": (None, keep_gather), "shift": (keep_shift, keep_shift),
+         "bits": (keep_bits, keep_bits), "nibble": (keep_nibble, keep_nibble),
+         "byte": (keep_byte, keep_byte), "rounds7": (keep_rounds7, keep_rounds7),
+         "rounds0": (keep_rounds0, keep_rounds0)}
+ROUNDS = {"rounds7": 7, "rounds0": 0}   # the forms whose bits are Philox with fewer rounds (10 otherwise)
 DEFAULT = ("current", "select", "gather", "mixed")   # "shift" saves ~2 % of the SASS only: on request
 
 
@@ -120,7 +211,7 @@ def install(name: str):
 
 # ------------------------------------------------------------------------------------------------ checks
 
-def check_bits(gpu: bool) -> tuple[bool, str]:
+def check_bits(gpu: bool, rounds: int = 10) -> tuple[bool, str]:
     import numpy as np
     from flashlab import device
     from flashlab.kernels import forward_v4
@@ -132,7 +223,7 @@ def check_bits(gpu: bool) -> tuple[bool, str]:
         m = forward_v4.dropout_mask(B, H, Nq, Nk, p, seed, device=device.DEVICE).cpu().numpy()
         for b in range(B):
             for h in range(H):
-                ref = dropout_keep(seed, b * H + h, np.arange(Nq), np.arange(Nk), p)
+                ref = dropout_keep(seed, b * H + h, np.arange(Nq), np.arange(Nk), p, rounds)
                 if not (m[b, h] == ref).all():
                     return False, f"mask differs: p {p}, seed {seed}, (b, h) ({b}, {h}), {(m[b, h] != ref).sum()} bits"
     return True, "mask kernel = NumPy reference"
@@ -257,7 +348,7 @@ def sass_counts() -> dict:
             ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(
                 r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass))
             ttgir = ck.asm["ttgir"]
-            row = dict(regs=int(re.search(r"REG:(\d+)", usage).group(1)), smem_KiB=ck.metadata.shared / 1024,
+            row = dict(regs=int(re.search(r"REG:(\d+)", usage).group(1)), smem=ck.metadata.shared,
                        sass=sum(ops.values()), cvt=ttgir.count("ttg.convert_layout"))
             row.update({op: ops.get(op, 0) for op in ("IMAD", "LOP3", "SHF", "SEL", "STS", "LDS", "BAR", "SHFL",
                                                       "STL", "LDL")})
@@ -274,7 +365,7 @@ def child(name: str, quick: bool, base: bool, sass: bool) -> dict:
     from flashlab import device
     gpu = not device.INTERPRET
     out = {"impl": name}
-    out["bits_ok"], out["bits"] = check_bits(gpu)
+    out["bits_ok"], out["bits"] = check_bits(gpu, ROUNDS.get(name, 10))
     out["acc_ok"], out["acc"] = check_attention(gpu)
     out.update(timings(quick, base))
     return out

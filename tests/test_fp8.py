@@ -101,6 +101,34 @@ def test_kernel_within_the_derived_bound(rng, B, H, Hk, Nq, Nk, D, mag, causal):
     assert lse_err < 1e-4 * max(1.0, mag**2 * D)    # the LSE sees no rounded P: float32 arithmetic only
 
 
+@pytest.mark.descriptors
+@pytest.mark.parametrize("causal", [False, True])
+def test_descriptor_loads_within_the_derived_bound(rng, causal, monkeypatch):
+    """The Hopper path (K and V^T tiles through tensor descriptors, zeros past Nk), run in the interpreter too:
+    ragged Nq, Nk a multiple of 16 (V^T's rows must be 16-byte aligned), a last tile past Nk, GQA."""
+    from flashlab.kernels import forward_fp8, forward_v4
+    used = []
+    run_step = forward_v4.run_step
+
+    def spy(step, kern, args, consts, runners, key):
+        used.append(consts["TMA"])
+        return run_step(step, kern, args, consts, runners, key)
+
+    monkeypatch.setattr(forward_v4, "DESCRIPTORS_IN_INTERPRETER", True)
+    monkeypatch.setattr(forward_v4, "run_step", spy)
+    monkeypatch.setattr(forward_fp8, "TMA", None)
+    for B, H, Hk, Nq, Nk, D in [(1, 2, 2, 77, 48, 32), (1, 4, 2, 40, 80, 64)]:
+        q, k, v = _inputs(B, H, Hk, Nq, Nk, D)
+        q8, qs = quantize_fp8(q)
+        k8, ks = quantize_fp8(k)
+        vt8, vs = quantize_fp8(v, transpose=True)
+        ratio, lse_err = _kernel_check(q8, k8, vt8, qs, ks, vs, causal, torch.bfloat16)
+        assert ratio <= 1.0, f"error {ratio:.2f}x the bound (Nq {Nq}, Nk {Nk}, D {D})"
+        assert lse_err < 1e-4 * D
+    assert used and all(used), "the descriptor path did not run"
+    assert not forward_v4.DESCRIPTOR_ERRORS
+
+
 def test_one_key_tile_matches_an_exact_emulation(rng):
     """With one key tile the running max is the final one, so the kernel is, rounding for rounding: scores in
     float32, P = 2^(x - m) cast to e4m3 (torch's cast: round to nearest even), P8 V8 / l * v_scale."""

@@ -28,15 +28,20 @@ online softmax is unchanged; what changed is the number format the two matrix pr
    O is written in bf16, fp16 or fp32 (the caller's tensor), the LSE in float32, natural log.
 6. **GQA for free.**  Query head h reads K/V head h // GROUP (and its scales): only addresses change.
 
-Plain and causal (top-left) attention only: no masks, windows, dropout.  Pointer loads as in v2
-(runs everywhere, no tensor descriptors).  On a GPU: compute capability 8.9 or newer (L4, H100,
-H200), the GPUs with FP8 tensor cores; the plan refuses older ones with a message.
+7. **Loads.**  On Hopper the K and V^T tiles of the loop come through tensor descriptors made in the
+   kernel (forward v3's loads, TMA: ``TMA``, set by the launcher where forward v4 uses them); elsewhere, and
+   in the interpreter, v2's pointer loads.  Q is loaded once per program through pointers.
+
+Plain and causal (top-left) attention only: no masks, windows, dropout.  On a GPU: compute capability
+8.9 or newer (L4, H100, H200), the GPUs with FP8 tensor cores; the plan refuses older ones with a message.
 
 Prediction.  FP8 tensor cores run at twice the bf16 rate on H100 / H200 (and the tiles are half
 the bytes), but the softmax (exp2, max, sum: one per score) is unchanged, and at D = 128 it is
 already a large part of the forward's time.  So expect 1.3-1.6x the bf16 forward at long sequences
-(N = 16k), not 2x.  What it measured: docs/BENCHMARKS.md (entry "the FP8 forward timed") and
-flashlab/data/h200_fp8.json.
+(N = 16k), not 2x.  The descriptor loads came after the first measurements (1.22-1.31x with pointer loads);
+a reading made after they measured, not a prediction: an e4m3 tile is half the bytes, so the pointer
+loads' per-element address arithmetic is a larger share of each tile's work than in bf16.  What it measured: docs/BENCHMARKS.md (entries "the FP8 forward timed" and "the FP8 forward's loads
+through descriptors") and flashlab/data/h200_fp8.json.
 
 Interpreter fact (triton 3.9): the interpreter's float32 -> float8e4nv cast mishandles a carry out of
 the mantissa (0.49 becomes 0.25, not 0.5) and truncates small numbers.  ``ROUND_P`` (set by the
@@ -49,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import tiles
+from . import forward_v4, tiles
 from .common import LN2_K, LOG2E_K, head_base, program_tile, tile_ptrs
 from .tiles import C
 
@@ -78,12 +83,17 @@ def round_to_e4m3(p):
 @triton.jit
 def _fwd_inner_fp8(acc, l_i, m_i, q, k_base, vt_base, k_offs, vt_offs, stride_kn, stride_vn,
                    offs_m, offs_n, Nk, qk_scale, lo, hi,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_P: tl.constexpr):
-    """Stream K/V tiles lo, lo + BLOCK_N, ... < hi (v2's loop).  MASKED: the ragged tail and the diagonal."""
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, ROUND_P: tl.constexpr,
+                   TMA: tl.constexpr):
+    """Stream K/V tiles lo, lo + BLOCK_N, ... < hi (v2's loop).  MASKED: the ragged tail and the diagonal.
+    TMA: k_base, vt_base are tensor descriptors (keys past Nk load as zeros)."""
     for start_n in range(lo, hi, BLOCK_N):
         col0 = tl.cast(start_n, tl.int64)
-        if MASKED:
-            cols = start_n + offs_n
+        cols = start_n + offs_n
+        if TMA:
+            k = k_base.load([start_n, 0])                               # K8_j through TMA
+            vt = vt_base.load([0, start_n])                             # V8_j^T
+        elif MASKED:
             k = tl.load(k_base + col0 * stride_kn + k_offs, mask=cols[:, None] < Nk, other=0.0)
             vt = tl.load(vt_base + col0 * stride_vn + vt_offs, mask=cols[None, :] < Nk, other=0.0)
         else:
@@ -118,11 +128,12 @@ def flash_fwd_kernel_fp8(
     stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
     H, GROUP, Nq, Nk, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    ROUND_P: tl.constexpr = False,
+    ROUND_P: tl.constexpr = False, TMA: tl.constexpr = False,
 ):
     """O (B, H, Nq, D) = softmax(sm_scale * Q K^T) V and LSE (B, H, Nq), from Q8 (B, H, Nq, D), K8 (B, H_kv, Nk, D)
     and V8^T (B, H_kv, D, Nk) in e4m3, with scales QS (B, H), KS, VS (B, H_kv) float32; any strides.
-    GROUP = H // H_kv.  Plain or causal (top-left)."""
+    GROUP = H // H_kv.  Plain or causal (top-left).  TMA: the K and V^T tiles of the loop through descriptors made
+    here (forward v3's loads; unit last strides, 16-byte aligned)."""
     n_tiles = tl.cdiv(Nq, BLOCK_M)
     start_m, off_b, off_h = program_tile(n_tiles, H)
     if CAUSAL:
@@ -139,6 +150,11 @@ def flash_fwd_kernel_fp8(
     vt_base = head_base(VT, off_b, off_hk, stride_vb, stride_vh)
     k_offs = offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd          # a (BLOCK_N, D) tile of K
     vt_offs = offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn         # a (D, BLOCK_N) tile of V^T
+    if TMA:
+        k_base = tl.make_tensor_descriptor(k_base, shape=[tl.maximum(Nk, 1), HEAD_DIM], strides=[stride_kn, 1],
+                                           block_shape=[BLOCK_N, HEAD_DIM])
+        vt_base = tl.make_tensor_descriptor(vt_base, shape=[HEAD_DIM, tl.maximum(Nk, 1)], strides=[stride_vd, 1],
+                                            block_shape=[HEAD_DIM, BLOCK_N])
 
     # The dequantisation of S, folded into v2's one multiply: q_scale * k_scale * softmax scale * log2 e.
     q_scale = tl.load(QS + off_b * stride_qsb + off_h * stride_qsh)
@@ -158,9 +174,11 @@ def flash_fwd_kernel_fp8(
         hi = Nk
         unmasked = full
     acc, l_i, m_i = _fwd_inner_fp8(acc, l_i, m_i, q, k_base, vt_base, k_offs, vt_offs, stride_kn, stride_vn,
-                                   offs_m, offs_n, Nk, qk_scale, 0, unmasked, False, CAUSAL, BLOCK_N, ROUND_P)
+                                   offs_m, offs_n, Nk, qk_scale, 0, unmasked, False, CAUSAL, BLOCK_N, ROUND_P,
+                                   TMA)
     acc, l_i, m_i = _fwd_inner_fp8(acc, l_i, m_i, q, k_base, vt_base, k_offs, vt_offs, stride_kn, stride_vn,
-                                   offs_m, offs_n, Nk, qk_scale, unmasked, hi, True, CAUSAL, BLOCK_N, ROUND_P)
+                                   offs_m, offs_n, Nk, qk_scale, unmasked, hi, True, CAUSAL, BLOCK_N, ROUND_P,
+                                   TMA)
 
     acc = acc * (v_scale / l_i)[:, None]                               # V's scale and 1 / l: one multiply
     lse = (m_i + tl.math.log2(l_i)) * LN2_K
@@ -172,6 +190,7 @@ def flash_fwd_kernel_fp8(
 
 # ------------------------------------------------------------------------------------- configs and launcher
 
+TMA = None   # None: descriptor loads where forward v4 uses them (Hopper); True / False forces (scripts/bench_fp8.py)
 SUPPORTS = frozenset({"gqa"})   # chosen by the dtype (e4m3), never by variant features: see plan.choose_versions
 
 
@@ -202,6 +221,8 @@ def launch(plan, q, k, vt, o, lse, scale: float, runners=None, *, q_scale, k_sca
             *q.stride(), *k.stride(), *vt.stride(), *o.stride(), *lse.stride(),
             *q_scale.stride(), *k_scale.stride(), *v_scale.stride(),
             plan.H, group, plan.Nq, plan.Nk, float(scale))
-    consts = dict(CAUSAL=plan.causal, HEAD_DIM=plan.D, ROUND_P=device.INTERPRET)
-    step = plan.forward[0]
-    tiles.run(step, flash_fwd_kernel_fp8, args, consts, step.grid_for, runners, "fwd")
+    consts = dict(CAUSAL=plan.causal, HEAD_DIM=plan.D, ROUND_P=device.INTERPRET,
+                  TMA=TMA if TMA is not None else forward_v4.use_descriptors(plan, k, vt))
+    if consts["TMA"]:
+        tiles.ensure_allocator()
+    forward_v4.run_step(plan.forward[0], flash_fwd_kernel_fp8, args, consts, runners, "fwd")

@@ -59,14 +59,14 @@ def _tanh(x):
 
 
 @triton.jit
-def dropout_words(seed, bh, rows, col0, G: tl.constexpr):
+def dropout_words(seed, bh, rows, col0, G: tl.constexpr, ROUNDS: tl.constexpr = 10):
     """The four Philox words of each (row, group of 16 columns from col0): (len(rows), G) each, counter
-    (column // 16, row, bh, 0), key the seed."""
+    (column // 16, row, bh, 0), key the seed; Philox-4x32 with ``ROUNDS`` rounds (10, as cuRAND and PyTorch)."""
     grp = col0 // 16 + tl.arange(0, G)
     c0 = (grp[None, :] + rows[:, None] * 0).to(tl.uint32)              # (R, G): one counter a group
     c1 = (rows[:, None] + grp[None, :] * 0).to(tl.uint32)
     c2 = (c0 * 0 + bh).to(tl.uint32)
-    return tl.philox(seed, c0, c1, c2, c2 * 0)
+    return tl.philox(seed, c0, c1, c2, c2 * 0, ROUNDS)
 
 
 @triton.jit
@@ -77,7 +77,8 @@ def dropout_top_threshold(p_drop):
 
 
 @triton.jit
-def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                 ROUNDS: tl.constexpr = 10):
     """Keep mask (BLOCK_R, BLOCK_C) of the scores (rows, col0 + 0 ... BLOCK_C - 1) of (batch * H + head) ``bh``.
 
     One Philox call per 16 scores of a row (four 32-bit words, one byte a score): counter
@@ -93,7 +94,7 @@ def dropout_keep(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: t
     bits move to the tile's layout through shared memory: on the H200 forward + backward with p = 0.1 went
     from 0.52x to 0.63x the call without dropout (``scripts/dropout_probe.py``, docs/BENCHMARKS.md).
     """
-    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, BLOCK_C // 16)
+    w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, BLOCK_C // 16, ROUNDS)
     thr = dropout_top_threshold(p_drop)
     words = tl.join(tl.join(w0, w2), tl.join(w1, w3))                  # (R, G, 2, 2): [a, b] = word 2a + b
     b0 = (words << 24) >= thr
