@@ -9,6 +9,8 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                v4 forward_v4.py   v2 with the variants as constexpr branches (GQA, windows, soft-cap, ALiBi,
                                   masks, dropout, packed sequences); v3's descriptor loads on Hopper; hand-picked
                                   tiles; flashlab.variants runs it
+               v5 forward_v5.py   v3 with its descriptors made on the host (backward v4's idea): Hopper's 1024
+                                  bucket, where v3's per-program descriptors do not pay; autotuned
                fp8 forward_fp8.py v2's loop on e4m3 Q, K, V^T with per-(batch, head) scales, P in e4m3; chosen by the
                                   dtype (torch.float8_e4m3fn), cc >= 8.9, no backward; flashlab.fp8 runs it
     backward   v1 backward.py     three kernels (Delta, dK/dV, dQ), masks on every tile

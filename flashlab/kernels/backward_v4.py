@@ -117,7 +117,7 @@ except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
 SUPPORTS = frozenset()
-M_DESCS = ("q_desc", "do_desc", "dq_desc")   # descriptors in tiles of BLOCK_M rows; the rest BLOCK_N
+M_DESCS = ("q_desc", "do_desc", "dq_desc", "o_desc")   # descriptors in tiles of BLOCK_M rows; the rest BLOCK_N
 
 
 def config_lists(head_dim, dtype, limit, cc) -> dict:
@@ -130,9 +130,10 @@ def host_desc(t, rows: int = 16):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
 
 
-def descriptors(runners, cfg, tensors) -> list:
+def descriptors(runners, cfg, tensors, m_rows=(0, 3, 6)) -> list:
     """Host descriptors of q, k, v, dO, dK, dV and the dQ buffer (``tensors``, in that order) in the tiles of
-    ``cfg``: BLOCK_M rows for q, dO and dQ, BLOCK_N for the rest.
+    ``cfg``: BLOCK_M rows for q, dO and dQ (the positions ``m_rows``), BLOCK_N for the rest.  Forward v5
+    passes (q, k, v, o) with m_rows (0, 3).
 
     Made once per kind of call and thread, then re-pointed: the call's runners are kept per exact shapes,
     strides and alignment, so from the second call on only each descriptor's base changes, and setting it
@@ -146,7 +147,7 @@ def descriptors(runners, cfg, tensors) -> list:
             d.base = t
         return made
     bm, bn = (16, 16) if cfg is None else (cfg.block_m, cfg.block_n)
-    made = [host_desc(t, bm if i in (0, 3, 6) else bn) for i, t in enumerate(tensors)]
+    made = [host_desc(t, bm if i in m_rows else bn) for i, t in enumerate(tensors)]
     if keep:
         runners[key] = made
     return made

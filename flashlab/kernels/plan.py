@@ -42,10 +42,10 @@ import triton.language as tl
 
 from .. import device
 from . import (backward, backward_v2, backward_v3, backward_v4, backward_v5, forward, forward_v2, forward_v3,
-               forward_v4, forward_fp8, tiles)
+               forward_v4, forward_v5, forward_fp8, tiles)
 from .tiles import C, Config
 
-FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4, "fp8": forward_fp8}
+FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4, "v5": forward_v5, "fp8": forward_fp8}
 BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4, "v5": backward_v5}
 # The FP8 forward takes e4m3 inputs: the dtype chooses it (torch.float8_e4m3fn), never a variant feature, and it
 # has no backward (inference only).
@@ -57,6 +57,7 @@ FORWARD_VERSIONS = tuple(v for v, m in FORWARD.items() if not m.SUPPORTS and v !
 BACKWARD_VERSIONS = tuple(v for v, m in BACKWARD.items() if not m.SUPPORTS)
 
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
+V5_FROM = 1024   # forward v5 (host descriptors) on Hopper from this bucket up to V3_FROM (below it: v1 / v2)
 
 # (head dim, causal) where the one-pass backward (v4) measured faster than v2; None: both modes.  At D = 128
 # causal it spills registers and v2's two kernels are faster.
@@ -327,6 +328,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       than 1024 (``bucket``, the autotuning bucket, at least V3_FROM): each v3 program builds its
       descriptors first, which short sequences, with few K/V tiles per program, do not earn back
       (at N = 256-1024 v3 measured 0.5-0.95x v2);
+    * forward v5 (v3 with its descriptors made on the host) on Hopper in the 1024 bucket (V5_FROM up to
+      V3_FROM): there v3's per-program descriptors do not pay, and Triton's tutorial 06, which loads through
+      host descriptors, measured 1.2x v2 at D = 128 (docs/BENCHMARKS.md, 2026-12-02);
     * below the 1024 bucket, where no version autotunes, v1 for non-causal attention (at the same
       hand-picked tiles v2's second copy of the loop costs more than the masks it removes: v1
       measured 1.07-1.11x v2 at N = 256 and 512) and v2 for causal (its ordering and unmasked
@@ -393,6 +397,10 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     if hopper and long_enough:
         return {"fwd": "v3", "bwd": bwd}, {"fwd": f"Hopper, length bucket >= {V3_FROM}: tensor descriptors (TMA)",
                                            "bwd": bwhy}
+    if hopper and bucket is not None and bucket >= V5_FROM and facts.host_descriptors:
+        return {"fwd": "v5", "bwd": bwd}, {
+            "fwd": f"Hopper, length bucket {bucket} (from {V5_FROM}, below {V3_FROM}): tensor descriptors made on "
+                   "the host (v3's, made in every program, cost more than short programs earn back)", "bwd": bwhy}
     fwhy = ("not Hopper: v2 (no TMA)" if not hopper else f"length bucket < {V3_FROM}: v2 measured as fast as v3 "
             "or faster (v3's descriptors are built per program)")
     if bucket is not None and bucket < 1024:
@@ -513,6 +521,9 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
     if versions["fwd"] == "v3" and not layout.tma:
         versions["fwd"], reasons["fwd"] = "v2", ("v3 wanted, but tensor descriptors need a unit last stride and "
                                                  "16-byte aligned base and strides: v2")
+    if versions["fwd"] == "v5" and not (facts.host_descriptors and layout.no_zero_stride and layout.tma):
+        versions["fwd"], reasons["fwd"] = "v2", ("v5 wanted, but host tensor descriptors need Triton >= 3.4, no stride 0, "
+                                                 "a unit last stride and 16-byte aligned base and strides: v2")
     if versions["bwd"] == "v4" and (not facts.host_descriptors or not layout.no_zero_stride):
         if facts.host_descriptors:
             versions["bwd"], reasons["bwd"] = "v3", ("v4 wanted, but a tensor has stride 0 (K, V expanded over heads): "
@@ -582,5 +593,5 @@ def forget() -> None:
 
 __all__ = ["Plan", "Step", "Layout", "Variant", "PLAIN", "DeviceFacts", "plan", "plan_for", "device_facts",
            "choose_versions", "layout_of", "tma_ok", "host_desc_ok", "kernel_head_dim", "SIMULATED",
-           "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "ONE_PASS_BWD", "ONE_PASS_MIN_ROWS", "FP8",
+           "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "V5_FROM", "ONE_PASS_BWD", "ONE_PASS_MIN_ROWS", "FP8",
            "FP8_DTYPE"]
