@@ -30,7 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import flashlab  # noqa: E402
 from flashlab import fp8 as fp8_mod, kernels  # noqa: E402
-from flashlab.kernels import forward_fp8, quantize_fp8  # noqa: E402
+from flashlab.kernels import forward_fp8, forward_v4, quantize_fp8  # noqa: E402
 
 
 def quantise_qkv(q, k, v, quantize):
@@ -103,7 +103,6 @@ def main() -> int:
                 for cfg, tma in [(c, t) for t in (True, False) for c in forward_fp8.forward_fp8_configs(D, cc)]:
                     name = f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}{'' if tma else ' ptr'}"
                     forward_fp8.TMA = tma            # descriptor loads (Hopper's default) or v2's pointer loads
-                    kernels._RUNNERS.clear()         # the runners cache is keyed by the plan, not by TMA
                     try:
                         run = lambda cfg=cfg: kernels.launch_forward(  # noqa: E731
                             q8, k8, vt8, o, lse, causal, D ** -0.5, config=cfg, q_scale=qs, k_scale=ks, v_scale=vs)
@@ -114,7 +113,10 @@ def main() -> int:
                     except Exception as e:   # noqa: BLE001 - a config that does not compile is reported
                         row["configs"][name] = f"error: {type(e).__name__}"
                 forward_fp8.TMA = None
-                kernels._RUNNERS.clear()
+                if forward_v4.DESCRIPTOR_ERRORS:      # the descriptor path did not compile: its rows ran pointers
+                    row["descriptor_errors"] = list(forward_v4.DESCRIPTOR_ERRORS)
+                    row["configs"] = {k if k.endswith(" ptr") else k + " (fell back to ptr)": v
+                                      for k, v in row["configs"].items()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print()

@@ -115,8 +115,9 @@ def test_one_pass_hands_zero_strides_to_v3(rng, monkeypatch):
 
 @pytest.mark.descriptors
 def test_one_pass_repoints_its_descriptors(rng):
-    """Backward v4 makes its host descriptors once per kind of call and thread, then only re-points them: a
-    second call of the same kind, on other tensors, must read and write those tensors, not the first call's."""
+    """Backward v4 and forward v5 make their host descriptors once per kind of call and thread, then only re-point
+    them: a second call of the same kind, on other tensors, must read and write those tensors, not the first
+    call's; and between calls the kept descriptors hold no tensor (its memory would stay allocated)."""
     from flashlab.kernels import backward_v4
     B, H, N, D = 1, 2, 70, 32
     runners = None
@@ -134,8 +135,13 @@ def test_one_pass_repoints_its_descriptors(rng):
         descs = [d for key, ds in runners.items() if key[0] == "descriptors" and key[1] == threading.get_ident()
                  for d in ds]   # this thread's (on a GPU autograd ran check_attention's backward on its own thread)
         assert descs, "backward v4 kept no descriptors"
-        live = {t.data_ptr() for t in (q, k, v, do, grads[1], grads[2])}
-        assert {d.base.data_ptr() for d in descs} - live == {descs[-1].base.data_ptr()}   # all but dQ's buffer
+        assert all(d.base is None for d in descs), "backward v4's kept descriptors still hold the call's tensors"
+        _assert_ok(check_attention(_op("v5", "v4"), q, k, v, trial == 1), f"v5, call {trial}")
+        launch_forward(q, k, v, o, lse, trial == 2, 0.5, version="v5")
+        p5 = kernels.plan.plan_for(q, k, v, trial == 2, extra=(o,), forward_version="v5")
+        descs = [d for key, ds in kernels._runners(p5, (q, k, v, o, lse)).items()
+                 if key[0] == "descriptors" and key[1] == threading.get_ident() for d in ds]
+        assert len(descs) == 4 and all(d.base is None for d in descs), "forward v5's kept descriptors"
 
 
 @pytest.mark.parametrize("fv,bv", VERSIONS, ids=IDS)

@@ -86,6 +86,25 @@ def test_a_triton_without_descriptors_runs_the_pointer_versions_and_says_why():
     p = P.plan(4, 16, 4096, 4096, 64, fp16, True, facts=old, variant=P.Variant(kv_groups=2))
     assert (p.fwd_version, p.bwd_version) == ("v4", "v5") and "through pointers, not TMA" in p.reasons["fwd"]
     assert "through pointers, not TMA" in p.reasons["bwd"]
+    p = P.plan(16, 16, 1024, 1024, 64, fp16, True, facts=old)          # the 1024 bucket: v5 wanted, v2 runs
+    assert p.fwd_version == "v2" and "v5 wanted" in p.reasons["fwd"] and "Triton >= 3.4" in p.reasons["fwd"]
+
+
+def test_forward_v5_in_the_1024_bucket_and_its_fallbacks():
+    """Forward v5 (host descriptors) on Hopper in the 1024 bucket only: v3 from 2048, v1 / v2 below 1024 and on
+    other GPUs; a layout host descriptors cannot span (stride 0, misaligned) runs v2, forced or not, and says why."""
+    for causal in (False, True):
+        assert P.plan(16, 16, 1024, 1024, 64, fp16, causal, facts=P.H200).fwd_version == "v5"
+        assert P.plan(16, 16, 1000, 700, 128, bf16, causal, facts=P.H200).fwd_version == "v5"
+        assert P.plan(8, 16, 2048, 2048, 64, fp16, causal, facts=P.H200).fwd_version == "v3"
+        assert P.plan(32, 16, 512, 512, 64, fp16, causal, facts=P.H200).fwd_version == ("v2" if causal else "v1")
+        assert P.plan(16, 16, 1024, 1024, 64, fp16, causal, facts=P.A100).fwd_version == "v2"
+    p = P.plan(16, 16, 1024, 1024, 64, fp16, True, facts=P.H200)
+    assert "host" in p.reasons["fwd"] and "1024" in p.reasons["fwd"]
+    for layout in (P.Layout(no_zero_stride=False), P.Layout(tma=False)):
+        for forced in (None, "v5"):
+            p = P.plan(16, 16, 1024, 1024, 64, fp16, True, facts=P.H200, layout=layout, forward_version=forced)
+            assert p.fwd_version == "v2" and "v5 wanted" in p.reasons["fwd"], (layout, forced)
 
 
 def test_the_cache_key():
@@ -233,7 +252,8 @@ def test_cli_prints_the_plan(capsys):
     assert main(["plan", "--shape", "2,4,1000,80", "--causal", "--device", "h200", "--nk", "700"]) == 0
     out = capsys.readouterr().out
     assert "Nq=1000 Nk=700 D=128" in out and "padded to 128" in out
-    assert ("forward  v5" if P.H200.host_descriptors else "forward  v2") in out   # Hopper, 1024 bucket
+    assert ("forward  v5" if P.device_facts().host_descriptors       # Hopper's 1024 bucket; this Triton's facts
+            else "forward  v2: v5 wanted, but host tensor descriptors need") in out
     assert "dkdv v2" in out and "dq v2" in out and "227 KB" in out
     assert main(["plan", "--shape", "4,16,4096,64", "--device", "h200", "--kv-expanded"]) == 0
     out = capsys.readouterr().out            # a simulated GPU runs this Triton: before 3.4 no descriptors

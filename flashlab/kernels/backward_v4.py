@@ -153,6 +153,18 @@ def descriptors(runners, cfg, tensors, m_rows=(0, 3, 6)) -> list:
     return made
 
 
+def release(runners) -> None:
+    """Point this thread's kept descriptors at nothing once their launch is queued: otherwise each would hold
+    its last call's tensor (and its memory: dQ's float32 buffer, a forward's output) until the next call of the
+    kind.  The launch already encoded the addresses; :func:`descriptors` re-points them on the next call."""
+    if runners:
+        me = threading.get_ident()
+        for key, made in runners.items():
+            if isinstance(key, tuple) and key[:2] == ("descriptors", me):
+                for d in made:
+                    d.base = None
+
+
 def desc_blocks(nargs: dict):
     """Give each descriptor among a kernel's arguments its config's tile: (1, 1, BLOCK_M or BLOCK_N, D).
 
@@ -178,4 +190,5 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
               step.grid_for, runners, "bwd",
               lambda: tiles.tuned("bwdv4", flash_bwd_kernel_v4, "bwd", backward_v3.autotune_configs(plan.D), plan.D,
                                   plan.dtype, pre_hook=desc_blocks))
+    release(runners)
     torch.mul(dq_acc, scale, out=dq)   # scaled and cast in one kernel

@@ -225,4 +225,5 @@ def launch(plan, q, k, vt, o, lse, scale: float, runners=None, *, q_scale, k_sca
                   TMA=TMA if TMA is not None else forward_v4.use_descriptors(plan, k, vt))
     if consts["TMA"]:
         tiles.ensure_allocator()
-    forward_v4.run_step(plan.forward[0], flash_fwd_kernel_fp8, args, consts, runners, "fwd")
+    forward_v4.run_step(plan.forward[0], flash_fwd_kernel_fp8, args, consts, runners,
+                        "fwd tma" if consts["TMA"] else "fwd")   # a runner per load path (TMA may be forced)

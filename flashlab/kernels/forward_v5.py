@@ -20,9 +20,10 @@ forward loads through host descriptors, ran 1.2x flashlab's v2 at D = 128 (445-4
 TFLOP/s) and about as fast at D = 64: expect v5 to close most of that at D = 128, little at D = 64.
 What it measured: docs/BENCHMARKS.md ("forward v5").
 
-Requires what backward v4 requires: Hopper's TMA on a GPU (the interpreter runs it everywhere), Triton >= 3.4
-(``triton.tools.tensor_descriptor``), last strides 1, 16-byte aligned bases and strides, and no stride 0
-(a descriptor spans the whole tensor).  The plan checks and otherwise runs v2.
+Requires what backward v4 requires: Triton >= 3.4 (``triton.tools.tensor_descriptor``), last strides 1,
+16-byte aligned bases and strides, and no stride 0 (a descriptor spans the whole tensor); the plan checks
+these, forced or not, and otherwise runs v2.  The plan picks v5 on Hopper only (TMA); forced on another GPU
+it runs however that Triton lowers descriptor loads there (not measured).  The interpreter runs it anywhere.
 """
 import triton
 import triton.language as tl
@@ -117,3 +118,4 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
     tiles.run(step, flash_fwd_kernel_v5, args, plan.constexprs, step.grid_for, runners, "fwd",
               lambda: tiles.tuned("fwdv5", flash_fwd_kernel_v5, "fwd", forward_v2.AUTOTUNE_CONFIGS, plan.D,
                                   plan.dtype, pre_hook=backward_v4.desc_blocks))
+    backward_v4.release(runners)

@@ -397,7 +397,7 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     if hopper and long_enough:
         return {"fwd": "v3", "bwd": bwd}, {"fwd": f"Hopper, length bucket >= {V3_FROM}: tensor descriptors (TMA)",
                                            "bwd": bwhy}
-    if hopper and bucket is not None and bucket >= V5_FROM and facts.host_descriptors:
+    if hopper and bucket is not None and bucket >= V5_FROM:
         return {"fwd": "v5", "bwd": bwd}, {
             "fwd": f"Hopper, length bucket {bucket} (from {V5_FROM}, below {V3_FROM}): tensor descriptors made on "
                    "the host (v3's, made in every program, cost more than short programs earn back)", "bwd": bwhy}
