@@ -8,8 +8,9 @@ For each shape (16k tokens: B = 16384 / N, H = 2048 / D; causal both ways), on b
    forward's (quantisation included), and the FP8 kernel's against float64 of its own dequantised inputs;
 2. TFLOP/s (``do_bench`` medians; forward FLOPs 4 B H N^2 D, half when causal): flashlab's bf16 forward (the
    op, no gradient), SDPA's cuDNN backend, the FP8 kernel on inputs already in e4m3 (the plan's tiles, then each
-   hand-picked config forced, with descriptor loads and, marked "ptr", with pointer loads), and ``flash_attention(..., fp8=True)`` whole (its quantisation included: the
-   Triton kernels of flashlab/kernels/quantize_fp8.py on compute capability >= 8.9);
+   hand-picked config forced, with descriptor loads and, marked "ptr", with pointer loads), and
+   ``flash_attention(..., fp8=True)`` whole (its quantisation included: the Triton kernels of
+   flashlab/kernels/quantize_fp8.py on compute capability >= 8.9);
 3. quantising Q, K and V^T alone, as ``fp8=True`` does (milliseconds, ``do_bench`` medians; once per shape, the
    same for both causal modes): the plain-torch passes (``flashlab.fp8._quantize_torch``) and the Triton kernels,
    with the HBM bandwidth the kernels' 5 bytes per bf16 element imply, and whether both gave the same bytes;

@@ -96,28 +96,20 @@ def keep_gather(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl
 
 
 @triton.jit
+def _word_tests(w, thr):
+    """A word's four byte tests as bits 0-3 (bit b: byte b >= 256 p), uint32."""
+    return (((w << 24) >= thr).to(tl.uint32) | (((w << 16) >= thr).to(tl.uint32) << 1)
+            | (((w << 8) >= thr).to(tl.uint32) << 2) | ((w >= thr).to(tl.uint32) << 3))
+
+
+@triton.jit
 def keep_bits(seed, bh, rows, col0, p_drop, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Philox once per (row, group); the group's 16 tests packed into one word's bits 0-15 (bit j: column
     16 g + j), then each score takes its bit: (R, G) words move to the tile's layout, not (R, C) bytes."""
     G: tl.constexpr = BLOCK_C // 16
     w0, w1, w2, w3 = dropout_words(seed, bh, rows, col0, G)
     thr = dropout_top_threshold(p_drop)
-    m = ((w0 << 24) >= thr).to(tl.uint32)
-    m |= ((w0 << 16) >= thr).to(tl.uint32) << 1
-    m |= ((w0 << 8) >= thr).to(tl.uint32) << 2
-    m |= (w0 >= thr).to(tl.uint32) << 3
-    m |= ((w1 << 24) >= thr).to(tl.uint32) << 4
-    m |= ((w1 << 16) >= thr).to(tl.uint32) << 5
-    m |= ((w1 << 8) >= thr).to(tl.uint32) << 6
-    m |= (w1 >= thr).to(tl.uint32) << 7
-    m |= ((w2 << 24) >= thr).to(tl.uint32) << 8
-    m |= ((w2 << 16) >= thr).to(tl.uint32) << 9
-    m |= ((w2 << 8) >= thr).to(tl.uint32) << 10
-    m |= (w2 >= thr).to(tl.uint32) << 11
-    m |= ((w3 << 24) >= thr).to(tl.uint32) << 12
-    m |= ((w3 << 16) >= thr).to(tl.uint32) << 13
-    m |= ((w3 << 8) >= thr).to(tl.uint32) << 14
-    m |= (w3 >= thr).to(tl.uint32) << 15
+    m = _word_tests(w0, thr) | (_word_tests(w1, thr) << 4) | (_word_tests(w2, thr) << 8) | (_word_tests(w3, thr) << 12)
     j = tl.arange(0, 16).to(tl.uint32)[None, None, :]
     return tl.reshape((m[:, :, None] >> j) & 1, (BLOCK_R, BLOCK_C)) != 0
 

@@ -40,8 +40,9 @@ the bytes), but the softmax (exp2, max, sum: one per score) is unchanged, and at
 already a large part of the forward's time.  So expect 1.3-1.6x the bf16 forward at long sequences
 (N = 16k), not 2x.  The descriptor loads came after the first measurements (1.22-1.31x with pointer loads);
 a reading made after they measured, not a prediction: an e4m3 tile is half the bytes, so the pointer
-loads' per-element address arithmetic is a larger share of each tile's work than in bf16.  What it measured: docs/BENCHMARKS.md (entries "the FP8 forward timed" and "the FP8 forward's loads
-through descriptors") and flashlab/data/h200_fp8.json.
+loads' per-element address arithmetic is a larger share of each tile's work than in bf16.  What it
+measured: docs/BENCHMARKS.md (entries "the FP8 forward timed" and "the FP8 forward's loads through
+descriptors") and flashlab/data/h200_fp8.json.
 
 Interpreter fact (triton 3.9): the interpreter's float32 -> float8e4nv cast mishandles a carry out of
 the mantissa (0.49 becomes 0.25, not 0.5) and truncates small numbers.  ``ROUND_P`` (set by the

@@ -522,8 +522,8 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
         versions["fwd"], reasons["fwd"] = "v2", ("v3 wanted, but tensor descriptors need a unit last stride and "
                                                  "16-byte aligned base and strides: v2")
     if versions["fwd"] == "v5" and not (facts.host_descriptors and layout.no_zero_stride and layout.tma):
-        versions["fwd"], reasons["fwd"] = "v2", ("v5 wanted, but host tensor descriptors need Triton >= 3.4, no stride 0, "
-                                                 "a unit last stride and 16-byte aligned base and strides: v2")
+        versions["fwd"], reasons["fwd"] = "v2", ("v5 wanted, but host tensor descriptors need Triton >= 3.4, no "
+                                                 "stride 0, a unit last stride and 16-byte aligned base and strides: v2")
     if versions["bwd"] == "v4" and (not facts.host_descriptors or not layout.no_zero_stride):
         if facts.host_descriptors:
             versions["bwd"], reasons["bwd"] = "v3", ("v4 wanted, but a tensor has stride 0 (K, V expanded over heads): "
