@@ -353,18 +353,21 @@ def autotune_choices(ns, d, dtype=None, causal=False, tokens=16384, hidden=2048)
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
         flash_attention(q, k, v, causal).backward(torch.randn(b, h, n, d, device="cuda", dtype=dtype))
         key = kernels._n_key(n, n)
+        waves = kernels.tiles.grid_class(b * h, n, kernels.plan.device_facts().sms)
         rows += [{"N": n, **c} for c in ran_by_the_op(kernels.tuned_configs(), kernels.default_versions(dtype, d, key, causal),
-                                                       key, d, causal, dtype)]
+                                                       key, d, causal, dtype, waves)]
         del q, k, v
         torch.cuda.empty_cache()
     return rows
 
 
-def ran_by_the_op(tuned, used, n_key, d, causal, dtype) -> list:
+def ran_by_the_op(tuned, used, n_key, d, causal, dtype, grid_class=None) -> list:
     """The ``tuned_configs()`` rows of one key whose version is the op's (``used``: default_versions'
-    {"fwd": ..., "bwd": ...}); versions tuned earlier in the same process are left out."""
+    {"fwd": ..., "bwd": ...}); versions tuned earlier in the same process are left out, and so are other grid
+    classes when ``grid_class`` is given."""
     return [c for c in tuned
             if c["n_key"] == n_key and c["head_dim"] == d and c["causal"] == causal
+            and (grid_class is None or c.get("grid_class", grid_class) == grid_class)
             and c["dtype"] == str(dtype).replace("torch.", "")
             and c["kernel"].split()[1] == used["fwd" if c["kernel"].startswith("fwd") else "bwd"]]
 

@@ -236,7 +236,7 @@ def test_variant_band_and_key():
 
 
 def test_autotuned_step_says_what_it_picked():
-    key = ("fwd", "v3", fp16, 0, 8192, 64, False, "ieee")
+    key = ("fwd", "v3", fp16, 0, 8192, 64, False, "ieee", tiles.grid_class(16, 8192, P.H200.sms))
     import triton
     tiles.BEST[key] = triton.Config({"BLOCK_M": 128, "BLOCK_N": 64}, num_warps=4, num_stages=3)
     try:
@@ -245,6 +245,20 @@ def test_autotuned_step_says_what_it_picked():
         assert st.config == C(128, 64, 4, 3) and "autotuning picked 128x64" in str(p)
     finally:
         tiles.BEST.pop(key)
+
+
+def test_grid_class_keys_autotuning_apart():
+    """Tiles autotuned on a small grid are not reused for a large one of the same length bucket: on the H200 a
+    forward tuned first at B 2, H 3, N 4096 then ran B 4, H 16 at 410 TFLOP/s where 128 x 128 tiles give 500."""
+    small = P.plan(2, 3, 4096, 4096, 128, fp16, False, facts=P.H200)
+    large = P.plan(4, 16, 4096, 4096, 128, fp16, False, facts=P.H200)
+    ks, kl = small.forward[0].tune_key, large.forward[0].tune_key
+    assert ks[:-1] == kl[:-1] and (ks[-1], kl[-1]) == (1, 2)
+    assert "grid class 2 (more than four waves)" in str(large) and "grid class 1 (one to four waves)" in str(small)
+    # 128-row tiles over the multiprocessors: the README demo's B 1, H 16 fills less than a wave at N = 1024
+    assert [tiles.grid_class(16, n, 132) for n in (1024, 2048, 4096, 16384)] == [0, 1, 1, 2]
+    assert tiles.grid_class(16, 1024, None) == 0          # the interpreter: one class (it does not autotune)
+    assert P.plan(1, 16, 1024, 1024, 64, fp16, True, facts=P.T4).forward[0].tune_key[-1] == 1   # 3.2 waves on 40
 
 
 def test_cli_prints_the_plan(capsys):

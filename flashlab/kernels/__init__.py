@@ -37,6 +37,8 @@ exercises): they make (or take) the plan and call the launcher of the plan's ver
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .. import device  # first: settles TRITON_INTERPRET before the kernels are defined
 
 device.require_triton("flashlab.kernels")  # a clear message (and Colab) instead of "No module named 'triton'"
@@ -69,8 +71,7 @@ def _here() -> DeviceFacts:
     """This device's facts as :mod:`flashlab.device` reports them now (tests replace device.capability)."""
     f = plan.device_facts()
     cc = device.capability()
-    return f if cc == f.cc else DeviceFacts(f.name, cc, f.shared_memory, f.interpret, f.index, f.host_descriptors,
-                                                    f.device_descriptors)
+    return f if cc == f.cc else dataclasses.replace(f, cc=cc)
 
 
 def default_versions(dtype: torch.dtype = torch.float16, head_dim: int = 64, n_key: int | None = None,

@@ -85,6 +85,7 @@ class DeviceFacts:
     index: int | None = None
     host_descriptors: bool = True   # triton.tools.tensor_descriptor (backward v4) is importable
     device_descriptors: bool = True   # tl.make_tensor_descriptor (forward v3, backward v3, v4 / v5's TMA loads)
+    sms: int | None = None        # streaming multiprocessors (autotuning's grid class); None in the interpreter
 
     @property
     def hopper(self) -> bool:
@@ -104,7 +105,7 @@ def _facts_of(index) -> DeviceFacts:
     if index is None:
         return DeviceFacts("Triton interpreter (CPU)", None, None, True, None, host, DEVICE_DESCRIPTORS)
     return DeviceFacts(torch.cuda.get_device_name(index), device._capability_of(index), device._shared_memory_of(index),
-                       False, index, host, DEVICE_DESCRIPTORS)
+                       False, index, host, DEVICE_DESCRIPTORS, torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 def device_facts() -> DeviceFacts:
@@ -112,10 +113,10 @@ def device_facts() -> DeviceFacts:
     return _facts_of(torch.cuda.current_device() if device.DEVICE.type == "cuda" else None)
 
 
-T4 = DeviceFacts("Tesla T4 (simulated)", (7, 5), 64 * 1024, False, 0)
-L4 = DeviceFacts("NVIDIA L4 (simulated)", (8, 9), 99 * 1024, False, 0)
-A100 = DeviceFacts("NVIDIA A100 (simulated)", (8, 0), 163 * 1024, False, 0)
-H200 = DeviceFacts("NVIDIA H200 (simulated)", (9, 0), 227 * 1024, False, 0)
+T4 = DeviceFacts("Tesla T4 (simulated)", (7, 5), 64 * 1024, False, 0, sms=40)
+L4 = DeviceFacts("NVIDIA L4 (simulated)", (8, 9), 99 * 1024, False, 0, sms=58)
+A100 = DeviceFacts("NVIDIA A100 (simulated)", (8, 0), 163 * 1024, False, 0, sms=108)
+H200 = DeviceFacts("NVIDIA H200 (simulated)", (9, 0), 227 * 1024, False, 0, sms=132)
 SIMULATED = {"t4": T4, "l4": L4, "a100": A100, "h200": H200}
 
 
@@ -446,7 +447,8 @@ def _steps(kind_list, version, p, facts, forced, forward_lists):
     bh = B * H
     for i, (kind, rows) in enumerate(kind_list):
         name = f"{kind} {version}"
-        tune_key = (kind, version, dtype, facts.index, bucket, D, causal, prec)
+        waves = tiles.grid_class(bh, rows, facts.sms)
+        tune_key = (kind, version, dtype, facts.index, bucket, D, causal, prec, waves)
         hand, auto = forward_lists[kind]
         if forced is not None:
             cfg = forced[i] if isinstance(forced, tuple) else forced
@@ -459,7 +461,8 @@ def _steps(kind_list, version, p, facts, forced, forward_lists):
             best = tiles.BEST.get(tune_key)
             st = Step(name, kind, version, D, rows, bh, None, (), True, len(auto), tune_key,
                       f"autotuned (fp16/bf16, D 64/128, bucket >= {tiles.AUTOTUNE_FROM}) over the configs "
-                      f"the estimate keeps of {len(auto)}, keyed by bucket {bucket}, D, causal, precision")
+                      f"the estimate keeps of {len(auto)}, keyed by bucket {bucket}, D, causal, precision and "
+                      f"grid class {waves} ({tiles.GRID_CLASSES[waves]})")
             if best is not None:
                 st.picked(C(best.kwargs["BLOCK_M"], best.kwargs["BLOCK_N"], best.num_warps, best.num_stages))
             steps.append(st)

@@ -112,6 +112,22 @@ def n_key(nq: int, nk: int) -> int:
     return max(256, 1 << (max(nq, nk) - 1).bit_length())
 
 
+def grid_class(bh: int, rows: int, sms: int | None) -> int:
+    """Autotuning's second key: how full the grid keeps this GPU, in waves of 128-row tiles over its
+    multiprocessors: 0 below one wave, 1 up to four, 2 beyond (:data:`GRID_CLASSES`).
+
+    Without it the first call of a length bucket chose the tiles for every later one: tuned on B 2, H 3 at
+    N = 4096 (1.5 waves), 128 x 128 tiles lost to smaller ones and the forward then ran B 4, H 16 (15 waves)
+    at 410 TFLOP/s where 128 x 128 gives 500 (docs/BENCHMARKS.md, 2026-12-02)."""
+    if not sms:
+        return 0
+    waves = bh * -(-rows // 128) / sms
+    return 0 if waves < 1 else 1 if waves <= 4 else 2
+
+
+GRID_CLASSES = ("less than one wave of 128-row tiles", "one to four waves", "more than four waves")
+
+
 # ----------------------------------------------------------------------------------------- autotuning
 
 AUTOTUNE = os.environ.get("FLASHLAB_AUTOTUNE", "1") not in ("0", "", "false", "False")
@@ -172,16 +188,16 @@ def tuned(name: str, kernel, kind: str, candidates: list, head_dim: int, dtype, 
 
 
 CHOSEN: dict = {}   # (kind, version, head_dim, dtype, device index, variant, causal) -> hand-picked Config that compiled and ran
-BEST: dict = {}   # (kernel, version, dtype, device, N_KEY, HEAD_DIM, CAUSAL, DOT_PRECISION) -> triton.Config
+BEST: dict = {}   # (kernel, version, dtype, device, N_KEY, HEAD_DIM, CAUSAL, DOT_PRECISION, grid class) -> triton.Config
 
 
 def tuned_configs() -> list:
     """What autotuning chose so far in this process: one dict per (kernel, version, dtype, N_KEY,
-    HEAD_DIM, CAUSAL) with the tile shape, warps and pipeline stages (notebook 06 shows them vs N)."""
+    HEAD_DIM, CAUSAL, grid class) with the tile shape, warps and pipeline stages (notebook 06 shows them vs N)."""
     out = []
-    for (kind, version, dtype, _dev, nk, head_dim, causal, prec), cfg in BEST.items():
+    for (kind, version, dtype, _dev, nk, head_dim, causal, prec, waves), cfg in BEST.items():
         out.append({"kernel": f"{kind} {version}", "dtype": str(dtype).replace("torch.", ""), "n_key": nk,
-                    "head_dim": head_dim, "causal": causal, "precision": prec,
+                    "head_dim": head_dim, "causal": causal, "precision": prec, "grid_class": waves,
                     "block_m": cfg.kwargs["BLOCK_M"], "block_n": cfg.kwargs["BLOCK_N"],
                     "num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     return out
@@ -270,6 +286,8 @@ def run(step, kern, args, consts: dict, grid_of, runners: dict | None = None, ke
                 best = BEST.get(step.tune_key)
                 if best is None:   # first call for this autotuning key: tune, and note the pick in the plan
                     tuned = tuned_fn()
+                    if isinstance(getattr(tuned, "cache", None), dict):   # BEST is the cache: Triton's own is keyed
+                        tuned.cache.clear()                               # without the grid class, so time anew
                     tuned[lambda m: grid_of(C(m["BLOCK_M"], m["BLOCK_N"]))](
                         *(args(None) if callable(args) else args), **consts)
                     best = BEST[step.tune_key] = tuned.best_config
