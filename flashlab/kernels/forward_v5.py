@@ -100,11 +100,15 @@ def flash_fwd_kernel_v5(
 # ------------------------------------------------------------------------------------- configs and launcher
 
 SUPPORTS = frozenset()
+# v2's autotuning list and the tiles Triton's tutorial 06 picks at N = 1024, D = 64 (64 x 64, 4 warps, 2 stages):
+# v5 runs in the 1024 bucket only, where short programs favour fewer stages.
+AUTOTUNE_CONFIGS = forward_v2.AUTOTUNE_CONFIGS + [(64, 64, 4, 2)]
 
 
 def config_lists(head_dim, dtype, limit, cc) -> dict:
-    """v2's lists (forward.forward_configs by hand, forward_v2.AUTOTUNE_CONFIGS autotuned)."""
-    return forward_v2.config_lists(head_dim, dtype, limit, cc)
+    """v2's hand-picked list (forward.forward_configs); autotuned: AUTOTUNE_CONFIGS."""
+    hand, _ = forward_v2.config_lists(head_dim, dtype, limit, cc)["fwd"]
+    return {"fwd": (hand, AUTOTUNE_CONFIGS)}
 
 
 def launch(plan, q, k, v, o, lse, scale: float, runners=None):
@@ -116,6 +120,6 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
         return (*backward_v4.descriptors(runners, cfg, (q, k, v, o), m_rows=(0, 3)), *tail)
 
     tiles.run(step, flash_fwd_kernel_v5, args, plan.constexprs, step.grid_for, runners, "fwd",
-              lambda: tiles.tuned("fwdv5", flash_fwd_kernel_v5, "fwd", forward_v2.AUTOTUNE_CONFIGS, plan.D,
+              lambda: tiles.tuned("fwdv5", flash_fwd_kernel_v5, "fwd", AUTOTUNE_CONFIGS, plan.D,
                                   plan.dtype, pre_hook=backward_v4.desc_blocks))
     backward_v4.release(runners)
