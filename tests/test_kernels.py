@@ -253,7 +253,7 @@ def test_fallback_when_out_of_resources():
 
     def step(cands):
         return P.Step("test v0", "test", "v0", 128, 300, 2, cands[0], tuple(cands[1:]),
-                      tune_key=("test", "v0", torch.float16, None, 512, 128, False, "ieee"))
+                      tune_key=("test", "v0", torch.float16, None, 512, 128, False, "ieee", 0))
     st = step([C(128, 64), C(64, 64), C(32, 32)])
     tiles.run(st, Kern(), (0,), {}, st.grid_for)
     assert tried == [C(128, 64), C(64, 64)] and st.config == C(64, 64) and st.verified
@@ -296,13 +296,14 @@ def test_gpu_many_heads(rng, fv, bv):
 @contextlib.contextmanager
 def _one_big_test_at_a_time():
     """A lock file across pytest-xdist's workers: one test of ~45 GB fits a 141 GB GPU, several at once do not
-    (five of them under ``-n 8`` on an H200 ran out of memory; one at a time, they pass)."""
+    (three of the five below ran out of memory under ``-n 8`` on an H200; one at a time, all pass)."""
     import fcntl   # POSIX; the GPU tests run on Linux
     with open(os.path.join(tempfile.gettempdir(), "flashlab-tests-big-gpu.lock"), "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
+            torch.cuda.empty_cache()   # the test's tensors are gone: hand their memory back for the next one
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
@@ -312,8 +313,9 @@ def test_gpu_tensor_past_2_31_elements(fv, bv):
     """B = 34, H = 32, N = 16384, D = 128 (2.28e9 elements per tensor): forward and backward,
     checked on the last (batch, head), whose offsets are past 2^31 elements."""
     with _one_big_test_at_a_time():
-        _past_2_31_elements(fv, bv)
-        torch.cuda.empty_cache()       # its tensors are gone now: hand their memory back before the next one
+        o_err, dq_err = _past_2_31_elements(fv, bv)   # its tensors freed on return, before any assert fails
+    assert o_err < 1e-2
+    assert dq_err < 5e-2
 
 
 def _past_2_31_elements(fv, bv):
@@ -331,8 +333,7 @@ def _past_2_31_elements(fv, bv):
     s = s.masked_fill(torch.ones(n, n, device=DEV, dtype=torch.bool).triu(1), float("-inf"))
     ref = torch.softmax(s, -1) @ vv
     ref.backward(do[b, h, :n].double())
-    assert (o[b, h, :n].double() - ref).abs().max() < 1e-2
-    assert (q.grad[b, h, :n].double() - qq.grad).abs().max() < 5e-2
+    return (o[b, h, :n].double() - ref).abs().max().item(), (q.grad[b, h, :n].double() - qq.grad).abs().max().item()
 
 
 @pytest.mark.gpu

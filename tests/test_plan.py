@@ -259,6 +259,9 @@ def test_grid_class_keys_autotuning_apart():
     assert [tiles.grid_class(16, n, 132) for n in (1024, 2048, 4096, 16384)] == [0, 1, 1, 2]
     assert tiles.grid_class(16, 1024, None) == 0          # the interpreter: one class (it does not autotune)
     assert P.plan(1, 16, 1024, 1024, 64, fp16, True, facts=P.T4).forward[0].tune_key[-1] == 1   # 3.2 waves on 40
+    gqa = P.plan(1, 32, 4096, 4096, 128, fp16, True, variant=P.Variant(kv_groups=8), facts=P.H200)
+    dkdv, dq = gqa.step("dkdv"), gqa.step("dq")   # dK/dV runs over the 4 K/V heads: 0.97 waves; dQ over 32
+    assert (dkdv.bh, dkdv.tune_key[-1], dq.bh, dq.tune_key[-1]) == (4, 0, 32, 2)
 
 
 def test_cli_prints_the_plan(capsys):

@@ -567,6 +567,8 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
         for s in bwd:
             if s.kind == "dkdv":   # one dK/dV program per K/V head's tile, summing the group's query heads
                 s.bh = B * (H // variant.kv_groups)
+                if s.tune_key is not None:   # its grid class from the grid it runs
+                    s.tune_key = s.tune_key[:-1] + (tiles.grid_class(s.bh, s.rows, facts.sms),)
     if variant.varlen:
         pre.reason += "; packed: the grid runs over every packed row (total_q), not B x max_seqlen_q"
     return Plan(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, facts, variant, versions["fwd"],
