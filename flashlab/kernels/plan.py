@@ -439,13 +439,12 @@ def _hand_step(kernel, kind, version, D, rows, bh, dtype, cands, facts, reason, 
 
 
 def _steps(kind_list, version, p, facts, forced, forward_lists):
-    """The steps of one pass.  ``kind_list``: ((kind, rows), ...); ``forward_lists``: kind -> (hand-picked configs
+    """The steps of one pass.  ``kind_list``: ((kind, rows, programs per tile row: B * heads), ...); ``forward_lists``: kind -> (hand-picked configs
     that fit this GPU, autotuning candidates) for this version (its module's ``config_lists``)."""
     steps = []
-    B, H, Nq, Nk, D, dtype = p["B"], p["H"], p["Nq"], p["Nk"], p["D"], p["dtype"]
+    D, dtype = p["D"], p["dtype"]
     bucket, prec, causal = p["n_key"], p["prec"], p["causal"]
-    bh = B * H
-    for i, (kind, rows) in enumerate(kind_list):
+    for i, (kind, rows, bh) in enumerate(kind_list):
         name = f"{kind} {version}"
         waves = tiles.grid_class(bh, rows, facts.sms)
         tune_key = (kind, version, dtype, facts.index, bucket, D, causal, prec, waves)
@@ -546,29 +545,24 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
                                                  "stride and 16-byte aligned base and strides: v2")
     prec = tiles.dot_precision(dtype, allow_tf32)
     p = dict(B=B, H=H, Nq=Nq, Nk=Nk, D=D, dtype=dtype, n_key=bucket, prec=prec, causal=causal, variant=variant)
+    if H % variant.kv_groups:
+        raise ValueError(f"H = {H} query heads is not a multiple of Variant.kv_groups = {variant.kv_groups}")
     f_mod = FORWARD[versions["fwd"]]
-    fwd = _steps((("fwd", Nq),), versions["fwd"], p, facts, fcfg, f_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
+    fwd = _steps((("fwd", Nq, B * H),), versions["fwd"], p, facts, fcfg,
+                 f_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
     if versions["bwd"] == "none":   # the FP8 forward: inference only
-        if H % variant.kv_groups:
-            raise ValueError(f"H = {H} query heads is not a multiple of Variant.kv_groups = {variant.kv_groups}")
         return Plan(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, facts, variant, versions["fwd"],
                     versions["bwd"], reasons, fwd, (), bucket, prec, tma_reduce=False, spread=False)
     b_mod = BACKWARD[versions["bwd"]]
     pre_m = INTERPRETER_TILE.block_m if facts.interpret else 64
     pre = Step("preprocess", "pre", "v1", D, Nq, B * H, C(pre_m, pre_m), (), False, 0, None,
                "Delta = rowsum(dO * O): one pass over O and dO, 64-row tiles (32 in the interpreter)", True)
-    b_kinds = (("bwd", Nk),) if versions["bwd"] in ("v3", "v4") else (("dkdv", Nk), ("dq", Nq))
+    # one dK/dV program per K/V head's tile, summing the group's query heads (GQA: B * H / kv_groups of them)
+    b_kinds = ((("bwd", Nk, B * H),) if versions["bwd"] in ("v3", "v4")
+               else (("dkdv", Nk, B * (H // variant.kv_groups)), ("dq", Nq, B * H)))
     if isinstance(bcfg, Config) and len(b_kinds) == 2:
         bcfg = (bcfg, bcfg)
     bwd = (pre,) + _steps(b_kinds, versions["bwd"], p, facts, bcfg, b_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
-    if variant.kv_groups != 1:
-        if H % variant.kv_groups:
-            raise ValueError(f"H = {H} query heads is not a multiple of Variant.kv_groups = {variant.kv_groups}")
-        for s in bwd:
-            if s.kind == "dkdv":   # one dK/dV program per K/V head's tile, summing the group's query heads
-                s.bh = B * (H // variant.kv_groups)
-                if s.tune_key is not None:   # its grid class from the grid it runs
-                    s.tune_key = s.tune_key[:-1] + (tiles.grid_class(s.bh, s.rows, facts.sms),)
     if variant.varlen:
         pre.reason += "; packed: the grid runs over every packed row (total_q), not B x max_seqlen_q"
     return Plan(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, facts, variant, versions["fwd"],
