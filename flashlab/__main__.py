@@ -43,11 +43,11 @@ def _bench(args):
                     for N in args.seqlens:
                         rows += bench.run_case(args.providers, N, D, dtypes[dt], causal, mode)
                         print(bench.format_table(rows[-len(args.providers):]).split("\n", 2)[-1], flush=True)
+                        if args.json:   # after every case: a run stopped by a time limit keeps its rows
+                            with open(args.json, "w") as f:
+                                json.dump(bench.as_dicts(rows), f, indent=1)
     print()
     print(bench.format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(bench.as_dicts(rows), f, indent=1)
     return 0
 
 
