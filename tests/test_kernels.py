@@ -454,7 +454,7 @@ def test_gpu_deterministic_mode_gives_the_same_bits():
 
 
 def test_default_versions_follow_the_measurements(monkeypatch):
-    """The choice docs/BENCHMARKS.md measured: forward v3 on Hopper from the 2048 bucket, v5 in its 1024 bucket,
+    """The choice docs/BENCHMARKS.md measured: forward v3 on Hopper from the 2048 bucket (v6 at D = 128), v5 in its 1024 bucket,
     v2 below and elsewhere (v1 when short and not causal, no autotuning there); the one-pass backward v4 on Hopper from the same
     bucket at D = 64 and at D = 128 non-causal, v2 otherwise (D = 128 causal spills; D = 32 was not
     measured), and v2 whenever torch asks for deterministic algorithms; v1 for fp32 and head dims above 128."""
@@ -467,10 +467,13 @@ def test_default_versions_follow_the_measurements(monkeypatch):
         assert kernels.default_versions(fp16, 128, 4096, True)["bwd"] == "v2"     # one pass spills at D = 128 causal
         assert kernels.default_versions(fp16, 128, 16384, False)["bwd"] == long_bwd
         assert kernels.default_versions(fp16, 32, 4096, True)["bwd"] == "v2"      # not measured
-        assert kernels.default_versions(fp16, 128, 2048, False)["fwd"] == long_fwd
+        v6 = "v6" if cc == (9, 0) and kernels.plan.forward_v6.AVAILABLE else long_fwd   # Gluon's v6 at D = 128
+        assert kernels.default_versions(fp16, 128, 2048, False)["fwd"] == v6
+        assert kernels.default_versions(fp16, 64, 2048, False)["fwd"] == long_fwd
         short_fwd = "v5" if cc == (9, 0) else "v2"   # Hopper's 1024 bucket: descriptors made on the host
         assert kernels.default_versions(fp16, 64, 1024, False) == {"fwd": short_fwd, "bwd": "v2"}
         assert kernels.default_versions(fp16, 128, 1024, True)["fwd"] == short_fwd
+        assert kernels.default_versions(fp16, 128, 1024, False)["fwd"] == (v6 if cc == (9, 0) else short_fwd)
         assert kernels.default_versions(fp16, 64, 512, True)["fwd"] == "v2"
         assert kernels.default_versions(fp16, 64, 512, False) == {"fwd": "v1", "bwd": "v2"}
         assert kernels.default_versions(torch.float32, 64, 4096, True) == {"fwd": "v1", "bwd": "v1"}

@@ -91,11 +91,12 @@ def test_a_triton_without_descriptors_runs_the_pointer_versions_and_says_why():
 
 
 def test_forward_v5_in_the_1024_bucket_and_its_fallbacks():
-    """Forward v5 (host descriptors) on Hopper in the 1024 bucket only: v3 from 2048, v1 / v2 below 1024 and on
+    """Forward v5 (host descriptors) on Hopper in the 1024 bucket only (v6 at D = 128 non-causal): v3 from 2048, v1 / v2 below 1024 and on
     other GPUs; a layout host descriptors cannot span (stride 0, misaligned) runs v2, forced or not, and says why."""
     for causal in (False, True):
         assert P.plan(16, 16, 1024, 1024, 64, fp16, causal, facts=P.H200).fwd_version == "v5"
-        assert P.plan(16, 16, 1000, 700, 128, bf16, causal, facts=P.H200).fwd_version == "v5"
+        d128 = "v6" if P.forward_v6.AVAILABLE and not causal else "v5"   # D = 128 non-causal: Gluon's v6
+        assert P.plan(16, 16, 1000, 700, 128, bf16, causal, facts=P.H200).fwd_version == d128
         assert P.plan(8, 16, 2048, 2048, 64, fp16, causal, facts=P.H200).fwd_version == "v3"
         assert P.plan(32, 16, 512, 512, 64, fp16, causal, facts=P.H200).fwd_version == ("v2" if causal else "v1")
         assert P.plan(16, 16, 1024, 1024, 64, fp16, causal, facts=P.A100).fwd_version == "v2"
@@ -215,10 +216,12 @@ def test_variant_choices_on_a_t4_an_l4_and_an_h200(facts, D, dtype):
             assert fwd.config != C(128, 64, 8, 3)              # 128 x 64 does not fit 64 KB: the plan fits
         assert "variant features" in p.reasons["fwd"] and "v4" in str(p) and "v5" in str(p)
     assert P.plan(B, H, N, N, D, dtype, True, facts=facts) is plain           # plain plans untouched and cached
-    want = {(P.H200, fp16, 64): ("v3", "v4"), (P.H200, fp16, 128): ("v3", "v2")}.get((facts, dtype, D))
+    v6 = "v6" if P.forward_v6.AVAILABLE else "v3"       # forward v6 (Gluon) where this Triton has it
+    want = {(P.H200, fp16, 64): ("v3", "v4"), (P.H200, fp16, 128): (v6, "v2")}.get((facts, dtype, D))
     want = want or (("v1", "v1") if dtype == fp32 else ("v2", "v2"))
     assert (plain.fwd_version, plain.bwd_version) == want
     assert "v4" not in P.FORWARD_VERSIONS and "v5" not in P.BACKWARD_VERSIONS   # scripts compare the plain ones
+    assert "v6" not in P.FORWARD_VERSIONS and "v6" in P.FORWARD   # sm_90 only: not among those every machine runs
 
 
 def test_variant_band_and_key():

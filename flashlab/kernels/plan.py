@@ -34,7 +34,7 @@ lengths) travels as ``variant_args`` (:func:`flashlab.kernels.launch_forward` / 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -42,10 +42,11 @@ import triton.language as tl
 
 from .. import device
 from . import (backward, backward_v2, backward_v3, backward_v4, backward_v5, forward, forward_v2, forward_v3,
-               forward_v4, forward_v5, forward_fp8, tiles)
+               forward_v4, forward_v5, forward_v6, forward_fp8, tiles)
 from .tiles import C, Config
 
-FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4, "v5": forward_v5, "fp8": forward_fp8}
+FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4, "v5": forward_v5, "v6": forward_v6,
+           "fp8": forward_fp8}
 BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4, "v5": backward_v5}
 # The FP8 forward takes e4m3 inputs: the dtype chooses it (torch.float8_e4m3fn), never a variant feature, and it
 # has no backward (inference only).
@@ -53,7 +54,8 @@ FP8 = "fp8"
 FP8_DTYPE = forward_fp8.FP8_DTYPE
 # The versions of plain attention (no variant feature in SUPPORTS): the ones the policy picks for a plain call
 # and the ones scripts compare.  Forward v4 and backward v5 run the variants (any version may be forced).
-FORWARD_VERSIONS = tuple(v for v, m in FORWARD.items() if not m.SUPPORTS and v != FP8)
+# Forward v6 is left out of them too: written in Gluon for sm_90 only, it has no interpreter and no other GPU.
+FORWARD_VERSIONS = tuple(v for v, m in FORWARD.items() if not m.SUPPORTS and v != FP8 and not getattr(m, "ONLY_ON", None))
 BACKWARD_VERSIONS = tuple(v for v, m in BACKWARD.items() if not m.SUPPORTS)
 
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
@@ -86,10 +88,29 @@ class DeviceFacts:
     host_descriptors: bool = True   # triton.tools.tensor_descriptor (backward v4) is importable
     device_descriptors: bool = True   # tl.make_tensor_descriptor (forward v3, backward v3, v4 / v5's TMA loads)
     sms: int | None = None        # streaming multiprocessors (autotuning's grid class); None in the interpreter
+    warp_specialize: bool = forward_v6.AVAILABLE   # Gluon with gl.warp_specialize (forward v6) is importable
 
     @property
     def hopper(self) -> bool:
         return self.cc is not None and self.cc[0] >= 9
+
+    @property
+    def sm90(self) -> bool:
+        """Hopper itself (H100, H200): warpgroup MMAs and register reallocation, which forward v6 is written in."""
+        return self.cc is not None and tuple(self.cc) == (9, 0)
+
+
+def v6_runs(dtype, head_dim: int, facts: DeviceFacts, layout=None) -> str | None:
+    """None if forward v6 can run this call here, else why not."""
+    if not facts.sm90:
+        return "it is written for Hopper (sm_90: warpgroup MMAs, register reallocation)"
+    if not facts.warp_specialize:
+        return f"this Triton ({triton.__version__}) has no Gluon warp specialisation"
+    if dtype not in (torch.float16, torch.bfloat16) or head_dim not in forward_v6.HEAD_DIMS:
+        return "it runs fp16 / bf16 at D = 128 only"
+    if layout is not None and not (layout.tma and layout.no_zero_stride):
+        return "its TMA copies need a unit last stride, 16-byte aligned base and strides, and no stride 0"
+    return None
 
 
 # Tensor descriptors made in a kernel (tl.make_tensor_descriptor, with triton.set_allocator's scratch buffer) and
@@ -329,6 +350,10 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       than 1024 (``bucket``, the autotuning bucket, at least V3_FROM): each v3 program builds its
       descriptors first, which short sequences, with few K/V tiles per program, do not earn back
       (at N = 256-1024 v3 measured 0.5-0.95x v2);
+    * forward v6 (FlashAttention-3's warp specialisation, in Gluon) instead of v3 where it runs
+      (:func:`v6_runs`: sm_90 exactly, fp16 / bf16, D = 128, a Triton with ``gl.warp_specialize``, strides
+      a TMA copy takes), and instead of v5 in the 1024 bucket when not causal: at N = 1024 it measured
+      1.05-1.07x v5 non-causal and 0.91-0.93x causal (docs/BENCHMARKS.md, 2026-12-02);
     * forward v5 (v3 with its descriptors made on the host) on Hopper in the 1024 bucket (V5_FROM up to
       V3_FROM): there v3's per-program descriptors do not pay, and Triton's tutorial 06, which loads through
       host descriptors, measured 1.2x v2 at D = 128 (docs/BENCHMARKS.md, 2026-12-02);
@@ -395,9 +420,17 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
         return ({"fwd": "v1", "bwd": bwd},
                 {"fwd": "short, non-causal: v1's masks cost less than v2's second loop copy (1.07-1.11x)",
                  "bwd": bwhy})
+    if hopper and long_enough and v6_runs(dtype, head_dim, facts) is None:
+        return {"fwd": "v6", "bwd": bwd}, {
+            "fwd": f"Hopper (sm_90), D = 128, length bucket >= {V3_FROM}: FlashAttention-3's warp specialisation "
+                   "written in Gluon (a producer warp, two consumer warpgroups)", "bwd": bwhy}
     if hopper and long_enough:
         return {"fwd": "v3", "bwd": bwd}, {"fwd": f"Hopper, length bucket >= {V3_FROM}: tensor descriptors (TMA)",
                                            "bwd": bwhy}
+    if hopper and bucket is not None and bucket >= V5_FROM and causal is False and v6_runs(dtype, head_dim, facts) is None:
+        return {"fwd": "v6", "bwd": bwd}, {
+            "fwd": f"Hopper (sm_90), D = 128, non-causal, length bucket {bucket}: FlashAttention-3's warp "
+                   "specialisation written in Gluon (measured faster than v5 here; causal, v5 is)", "bwd": bwhy}
     if hopper and bucket is not None and bucket >= V5_FROM:
         return {"fwd": "v5", "bwd": bwd}, {
             "fwd": f"Hopper, length bucket {bucket} (from {V5_FROM}, below {V3_FROM}): tensor descriptors made on "
@@ -512,12 +545,21 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
     if fv is not None and (fv == FP8) != (dtype == FP8_DTYPE):
         raise ValueError(f"forward version {fv!r} cannot run {dtype} inputs: the FP8 forward takes e4m3 "
                          "(torch.float8_e4m3fn) and only it does")
+    feats = variant.features()
+    for name, v, table in (("forward", fv, FORWARD), ("backward", bv, BACKWARD)):
+        if v is not None and not feats <= getattr(table[v], "SUPPORTS", frozenset()):
+            raise ValueError(f"{name} {v} does not implement {', '.join(sorted(feats - table[v].SUPPORTS))}: "
+                             "force a version that does, or leave the choice to the plan")
     if fv is not None:
         versions["fwd"], reasons["fwd"] = fv, "forced by the caller"
     if versions["bwd"] == "none" and bv is not None:
         raise ValueError("the FP8 forward has no backward (inference only): do not force a backward version")
     if bv is not None:
         versions["bwd"], reasons["bwd"] = bv, "forced by the caller"
+    if versions["fwd"] == "v6" and v6_runs(dtype, D, facts, layout) is not None:
+        # what the policy picks without v6 (v5 in the 1024 bucket, v3 from 2048; their own layout rules follow)
+        alt, why = choose_versions(dtype, D, bucket, causal, replace(facts, warp_specialize=False), det, variant)
+        versions["fwd"], reasons["fwd"] = alt["fwd"], f"v6 wanted, but {v6_runs(dtype, D, facts, layout)}: {why['fwd']}"
     if versions["fwd"] == "v3" and not facts.device_descriptors:
         versions["fwd"], reasons["fwd"] = "v2", f"v3 wanted, but {NO_DESCRIPTORS}: v2"
     if versions["fwd"] == "v3" and not layout.tma:
@@ -591,6 +633,6 @@ def forget() -> None:
 
 
 __all__ = ["Plan", "Step", "Layout", "Variant", "PLAIN", "DeviceFacts", "plan", "plan_for", "device_facts",
-           "choose_versions", "layout_of", "tma_ok", "host_desc_ok", "kernel_head_dim", "SIMULATED",
+           "choose_versions", "v6_runs", "layout_of", "tma_ok", "host_desc_ok", "kernel_head_dim", "SIMULATED",
            "FORWARD", "BACKWARD", "FORWARD_VERSIONS", "BACKWARD_VERSIONS", "V3_FROM", "V5_FROM", "ONE_PASS_BWD", "ONE_PASS_MIN_ROWS", "FP8",
            "FP8_DTYPE"]

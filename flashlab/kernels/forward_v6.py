@@ -1,0 +1,284 @@
+"""FlashAttention-2 forward, v6: FlashAttention-3's warp specialisation, written in Gluon (Hopper, D = 128).
+
+Forward v3 leaves the schedule to Triton: every warp loads, multiplies and exponentiates in turn, and the
+softmax of a tile waits for its product.  v6 writes the schedule out in Gluon
+(``triton.experimental.gluon``, Triton's lower-level dialect: explicit layouts, shared memory,
+``mbarrier``s, TMA copies and asynchronous ``warpgroup_mma``), as FlashAttention-3 does on Hopper:
+
+1. **A producer warp** issues every TMA copy: Q's tile once, then K_j and V_j into a ring of STAGES
+   shared-memory stages.  Each stage has a "ready" barrier per operand (the copy signals it) and an
+   "empty" barrier that both consumers arrive on once they are done with it; the producer waits on
+   "empty" before refilling.  ``gl.warp_specialize`` runs it as a partition of its own, with 24
+   registers a thread (``setmaxnreg``): the registers go to the consumers.
+2. **Two consumer warpgroups** (4 warps each, partitions of their own) each own 64 of the tile's 128
+   query rows and keep the online softmax of v1 for them.  Being separate partitions, the warp
+   scheduler runs one's softmax while the other's products occupy the tensor cores.
+3. **Inside a consumer, the two products overlap** (FlashAttention-3's intra-warpgroup overlap):
+   S_j = Q K_j^T and O += P_{j-1} V_{j-1} are issued together as asynchronous wgmmas; the softmax of
+   S_j runs while P_{j-1} V_{j-1} is still on the tensor cores; then O is rescaled.
+
+Everything else is v3's: rows past N load as zeros (4-D TMA over (B, H, N, D), so any strides with a unit
+last stride and 16-byte alignment), only tiles that need it are masked (the last key tile if Nk is ragged,
+the diagonal if causal), causal programs start with the longest rows, O and the LSE are stored per row.
+
+Prediction (scripts/gluon_probe.py, its warp-specialised form, non-causal, N = 4k-16k): 1.19-1.21x v3 at
+the same 128 x 128 tiles, which would put the forward at cuDNN's level.  Measured: docs/BENCHMARKS.md.
+
+Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; no interpreter (Gluon has
+none), so the plan runs it only on such a GPU and the tests that run it need one.
+"""
+from __future__ import annotations
+
+from . import tiles
+from .tiles import C
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    AVAILABLE = hasattr(gl, "warp_specialize")
+except ImportError:  # pragma: no cover - Triton before Gluon (3.4) or without its Hopper module
+    AVAILABLE = False
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+MAXNREG = 168          # 12 warps (4 + 4 + the producer's, rounded up to a warpgroup) x 32 threads x 168 <= 65,536
+CONSUMER_REGS = 240    # per consumer thread after the producer gives its registers back (24 each)
+
+SUPPORTS = frozenset()
+HEAD_DIMS = (128,)
+ONLY_ON = "sm_90"      # not among the versions every machine runs (plan.FORWARD_VERSIONS)
+
+
+if AVAILABLE:
+    LN2_K = gl.constexpr(LN2)
+
+    if hasattr(tma, "async_load"):       # Triton >= 3.7 names the TMA copy async_load
+        @gluon.jit
+        def _tma_load(desc, coord, bar, dst):
+            tma.async_load(desc, coord, bar, dst)
+    else:
+        @gluon.jit
+        def _tma_load(desc, coord, bar, dst):
+            tma.async_copy_global_to_shared(desc, coord, bar, dst)
+
+    @gluon.jit
+    def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale,
+                        CAUSAL: gl.constexpr, WG: gl.constexpr):
+        """The producer (1 warp): Q's two halves once, then K_j, V_j into stage j % STAGES when it is empty."""
+        q_smem, k_smem, v_smem = bufs
+        q_bar, k_ready, v_ready, kv_empty = bars
+        off_b, off_h, row0, n_tiles = coords
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        HALF: gl.constexpr = q_smem.type.shape[3]
+        mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+        _tma_load(q_desc, [off_b, off_h, row0, 0], q_bar, q_smem.index(0))
+        _tma_load(q_desc, [off_b, off_h, row0 + HALF, 0], q_bar, q_smem.index(1))
+        for j in range(n_tiles):
+            st = j % STAGES
+            mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
+            mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [off_b, off_h, j * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
+            mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [off_b, off_h, j * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
+
+    @gluon.jit
+    def _masked(s, j, first_row, Nk, BLOCK_N: gl.constexpr, HALF: gl.constexpr, CAUSAL: gl.constexpr,
+                layout: gl.constexpr):
+        """S_j with the keys a row must not see at -inf: past Nk, and (causal) right of the diagonal."""
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+        if CAUSAL:
+            rows = first_row + gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+            s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        return gl.where(cols[None, :] < Nk, s, float("-inf"))
+
+    @gluon.jit
+    def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale,
+                            CAUSAL: gl.constexpr, WG: gl.constexpr):
+        """A consumer warpgroup: rows row0 + WG * 64 ... + 63 of the tile, online softmax with overlapped wgmmas."""
+        q_smem, k_smem, v_smem = bufs
+        q_bar, k_ready, v_ready, kv_empty = bars
+        off_b, off_h, row0, n_tiles = coords
+        Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm = sizes
+        dtype: gl.constexpr = q_desc.dtype
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        BLOCK_N: gl.constexpr = k_smem.type.shape[3]
+        HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
+        HALF: gl.constexpr = q_smem.type.shape[3]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, HEAD_DIM, 16])
+        p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        first_row = row0 + WG * HALF
+        # key tiles 0 ... full - 1 need no mask for any of this warpgroup's rows
+        full = Nk // BLOCK_N
+        if CAUSAL:
+            full = gl.minimum(full, (first_row + 1) // BLOCK_N)
+        q_s = q_smem.index(WG).reshape([HALF, HEAD_DIM])
+        zero = gl.zeros([HALF, BLOCK_N], dtype=gl.float32, layout=mma)
+        acc = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma)
+
+        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(k_ready.index(0), 0)
+        s_tok = warpgroup_mma(q_s, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero,
+                              use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s_tok,))
+        if full < 1:
+            s = _masked(s, 0, first_row, Nk, BLOCK_N, HALF, CAUSAL, mma)
+        m_i = gl.max(s, axis=1) * qk_scale
+        p = gl.exp2(s * qk_scale - m_i[:, None])
+        l_i = gl.sum(p, axis=1)
+        for j in range(1, n_tiles):
+            st = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_s, k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero,
+                                  use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            p16 = gl.convert_layout(p.to(dtype), p_op)
+            acc_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))                   # S_j done; P_{j-1} V_{j-1} in flight
+            if j >= full:
+                s = _masked(s, j, first_row, Nk, BLOCK_N, HALF, CAUSAL, mma)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(s * qk_scale - m_new[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
+            mbarrier.arrive(kv_empty.index(prev), count=1)              # done with stage prev
+            acc = acc * alpha[:, None]
+        last = (n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        p16 = gl.convert_layout(p.to(dtype), p_op)
+        acc_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
+        mbarrier.arrive(kv_empty.index(last), count=1)
+
+        acc = acc / l_i[:, None]
+        rows = first_row + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
+        row_ok = rows < Nq
+        o_ptrs = (O + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
+                  + rows[:, None].to(gl.int64) * stride_om + offs_d[None, :])
+        gl.store(o_ptrs, acc.to(dtype), mask=row_ok[:, None])
+        lse = (m_i + gl.log2(l_i)) * LN2_K                                 # natural-log LSE of the scaled scores
+        gl.store(LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + rows * stride_lm, lse,
+                 mask=row_ok)
+
+    @gluon.jit
+    def flash_fwd_kernel_v6(q_desc, k_desc, v_desc, O, LSE,
+                            stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
+                            H, Nq, Nk, qk_scale,
+                            CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+        """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
+        fastest (common.program_tile's order: programs launched together share K and V in L2)."""
+        HALF: gl.constexpr = BLOCK_M // 2
+        n_m = gl.cdiv(Nq, BLOCK_M)
+        pid = gl.program_id(0)
+        start_m = pid % n_m
+        if CAUSAL:
+            start_m = n_m - 1 - start_m                                  # the longest rows first
+        bh = pid // n_m
+        off_b = bh // H
+        off_h = bh % H
+        row0 = start_m * BLOCK_M
+        hi = Nk
+        if CAUSAL:
+            hi = gl.minimum(row0 + BLOCK_M, Nk)
+        n_tiles = gl.cdiv(hi, BLOCK_N)
+
+        dtype: gl.constexpr = q_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(s), count=1)
+            mbarrier.init(v_ready.index(s), count=1)
+            mbarrier.init(kv_empty.index(s), count=2)                   # both consumer warpgroups arrive
+        fence_async_shared()
+
+        bufs = (q_smem, k_smem, v_smem)
+        bars = (q_bar, k_ready, v_ready, kv_empty)
+        coords = (off_b, off_h, row0, n_tiles)
+        sizes = (Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm)
+        gl.warp_specialize([
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, CAUSAL, 0)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, CAUSAL, 1)),
+            (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, CAUSAL, 1)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """One config (its tiles are the kernel's design: 128 x 128, 4 warps per partition); 3 stages, then 2.
+    Shared memory: Q 32 KiB + 2 x STAGES x 32 KiB (K, V): 224 KiB at 3 stages, 160 at 2."""
+    cands = [C(128, 128, 4, 3), C(128, 128, 4, 2)]
+    if limit is not None:
+        cands = [c for c in cands if 32 * 1024 * (1 + 2 * c.num_stages) + 1024 <= limit]
+    return {"fwd": (cands, [])}
+
+
+def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3):
+    """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only): what a machine without a
+    Hopper GPU can check of v6.  Needs compiled mode (``TRITON_INTERPRET=0``): Gluon has no interpreter."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    fn = flash_fwd_kernel_v6
+    sig = {n: "i32" for n in fn.arg_names}
+    for name, rows in (("q_desc", 64), ("k_desc", 128), ("v_desc", 128)):
+        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gdt)
+        sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, 128],{layout!r}>"
+    sig.update(O=f"*{dtype}", LSE="*fp32", qk_scale="fp32")
+    consts = dict(CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS)
+    sig.update({k: "constexpr" for k in consts})
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
+
+
+def _descriptor(t, rows: int):
+    gdt = gl.float16 if str(t.dtype) == "torch.float16" else gl.bfloat16
+    block = [1, 1, rows, t.shape[-1]]
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+
+def launch(plan, q, k, v, o, lse, scale: float, runners=None):
+    """Three TMA descriptors over the whole (B, H, N, D) tensors, then one launch on a 1-D grid of Q tiles x B * H."""
+    step = plan.forward[0]
+    cfg = step.config
+    if (cfg.block_m, cfg.block_n, cfg.num_warps) != (128, 128, 4) or cfg.num_stages < 2:
+        raise ValueError(f"forward v6's tiles are its design, 128 x 128, 4 warps per consumer warpgroup (64 query "
+                         f"rows each), and at least 2 stages (one would deadlock its ring), not {cfg}")
+    if plan.Nk == 0:          # no key tile: the consumers would wait for one for ever; no key seen: O = 0
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return
+    errors = []
+    for cand in (cfg,) + tuple(step.fallbacks):     # 3 stages, then 2 if a GPU's shared memory is short
+        try:
+            grid = tiles.grid_1d(-(-plan.Nq // cand.block_m), plan.B * plan.H)
+            flash_fwd_kernel_v6[grid](
+                _descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
+                o, lse, *o.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale * LOG2E,
+                CAUSAL=plan.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
+                STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cand.num_warps, maxnreg=MAXNREG)
+            if cand != cfg or not step.verified:
+                step.fell_back(cand, errors)
+            return
+        except Exception as e:  # noqa: BLE001 - out of resources on this GPU: the next config
+            if "OutOfResources" not in type(e).__name__ and "out of resource" not in str(e).lower():
+                raise
+            errors.append(e)
+    raise errors[-1]
+

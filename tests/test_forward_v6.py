@@ -1,0 +1,182 @@
+"""Forward v6 (FlashAttention-3's warp specialisation in Gluon, Hopper only): where the plan runs it, that it
+compiles for sm_90 with this Triton (no GPU needed), and on an sm_90 GPU its accuracy against float64."""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashlab import device
+from flashlab.accuracy import check_attention
+from flashlab.kernels import forward_v6, launch_forward
+from flashlab.kernels import plan as P
+from flashlab.kernels.tiles import C
+
+needs_gluon = pytest.mark.skipif(not forward_v6.AVAILABLE, reason="this Triton has no Gluon warp specialisation")
+H200 = P.SIMULATED["h200"]
+
+
+@needs_gluon
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_plan_runs_v6_on_hopper_at_d128(dtype, causal):
+    """From the 2048 bucket in both modes, and in the 1024 bucket when not causal (where it measured faster
+    than v5; causal, v5 was)."""
+    p = P.plan(2, 8, 4096, 4096, 128, dtype, causal, facts=H200)
+    assert p.fwd_version == "v6" and "warp specialisation" in p.reasons["fwd"]
+    assert p.forward[0].config == C(128, 128, 4, 3)
+    assert P.plan(16, 8, 1024, 1000, 128, dtype, causal, facts=H200).fwd_version == ("v5" if causal else "v6")
+
+
+@needs_gluon
+@pytest.mark.parametrize("why,kw", [
+    ("D = 64", dict(D=64)),
+    ("fp32", dict(dtype=torch.float32)),
+    ("short", dict(N=512)),
+    ("1024, causal", dict(N=1024, causal=True)),
+    ("A100", dict(facts=P.SIMULATED["a100"])),
+    ("sm_100", dict(facts=P.DeviceFacts("Blackwell (simulated)", (10, 0), 227 * 1024, False, 0, sms=148))),
+    ("stride 0", dict(layout=P.Layout(no_zero_stride=False))),
+    ("no TMA", dict(layout=P.Layout(tma=False))),
+])
+def test_plan_keeps_other_versions_where_v6_cannot_run(why, kw):
+    a = dict(D=128, dtype=torch.float16, N=4096, facts=H200, layout=P.Layout(), causal=False)
+    a.update(kw)
+    p = P.plan(2, 8, a["N"], a["N"], a["D"], a["dtype"], a["causal"], facts=a["facts"], layout=a["layout"])
+    assert p.fwd_version != "v6", why
+
+
+def test_forcing_v6_where_it_cannot_run_says_why():
+    p = P.plan(2, 8, 4096, 4096, 128, torch.float16, True, facts=P.SIMULATED["a100"], forward_version="v6")
+    assert p.fwd_version != "v6" and p.reasons["fwd"].startswith("v6 wanted, but it is written for Hopper")
+    if forward_v6.AVAILABLE:
+        p = P.plan(2, 8, 4096, 4096, 128, torch.float16, True, facts=H200, forward_version="v6",
+                   layout=P.Layout(no_zero_stride=False))
+        assert p.fwd_version == "v3" and "stride 0" in p.reasons["fwd"]
+
+
+def test_forced_versions_must_implement_the_call():
+    """A forced version that lacks one of the call's variant features is an error, not a silent wrong answer
+    (v6 reading a GQA call's K/V heads as if there were H of them)."""
+    with pytest.raises(ValueError, match="does not implement gqa"):
+        P.plan(2, 8, 4096, 4096, 128, torch.float16, True, facts=H200, forward_version="v6",
+               variant=P.Variant(kv_groups=4))
+    with pytest.raises(ValueError, match="backward v4 does not implement window"):
+        P.plan(2, 8, 4096, 4096, 64, torch.float16, True, facts=H200, backward_version="v4",
+               variant=P.Variant(window=(128, 0)))
+
+
+@needs_gluon
+def test_where_v6_cannot_run_the_plan_picks_as_without_it():
+    """Stride 0 at N = 1024: v6 would have run (non-causal D = 128); without it the 1024 bucket's choice, v5,
+    whose host descriptors cannot span a stride 0 either: v2 (not v3, which measured slower there)."""
+    p = P.plan(16, 16, 1024, 1024, 128, torch.float16, False, facts=H200, layout=P.Layout(no_zero_stride=False))
+    assert p.fwd_version == "v2", p.reasons["fwd"]
+
+
+def _ptxas():
+    import triton
+    here = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    return here if os.access(here, os.X_OK) else shutil.which("ptxas")
+
+
+COMPILE = """
+import json, sys
+from flashlab.kernels import forward_v6
+k = forward_v6.compile_sm90(causal=sys.argv[1] == "1")
+ptx = k.asm["ptx"]
+print(json.dumps(dict(warps=k.metadata.num_warps, shared=k.metadata.shared,
+                      producer_gives_back="setmaxnreg.dec.sync.aligned.u32 \t24;" in ptx,
+                      wgmma="wgmma.mma_async" in ptx, tma="cp.async.bulk.tensor" in ptx)))
+"""
+
+
+@needs_gluon
+@pytest.mark.parametrize("causal", [False, True])
+def test_v6_compiles_for_sm90(causal):
+    """Gluon has no interpreter: compiling for sm_90 (no GPU needed, in a child process in compiled mode) is what
+    a CPU machine can check of v6 -- this Triton still takes its warp specialisation, barriers, TMA copies and
+    wgmmas, and it fits in an H200's shared memory."""
+    if _ptxas() is None:
+        pytest.skip("no ptxas with this Triton")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, "-c", COMPILE, "1" if causal else "0"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["warps"] == 12                                  # 4 + 4 consumers, the producer's warpgroup
+    assert got["shared"] <= H200.shared_memory
+    assert got["producer_gives_back"] and got["wgmma"] and got["tma"]
+
+
+sm90 = pytest.mark.skipif(not (device.DEVICE.type == "cuda" and P.device_facts().sm90 and forward_v6.AVAILABLE),
+                          reason="needs an sm_90 GPU (H100, H200) and Gluon")
+
+
+def _v6(q, k, v, causal, scale):
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    launch_forward(q, k, v, o, lse, causal, 1 / math.sqrt(q.shape[-1]) if scale is None else scale, version="v6")
+    return o, lse
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nq,nk", [(4096, 4096), (1000, 1000), (2050, 2050), (700, 1900), (1900, 700), (130, 64)])
+def test_gpu_v6_accuracy(rng, dtype, causal, nq, nk):
+    """Ragged tiles on both sides, Nq != Nk both ways (top-left causal), logits 4x larger than unit."""
+    q, k, v = (torch.randn(2, 3, n, 128, device="cuda") for n in (nq, nk, nk))
+    q, k = 4 * q, 2 * k
+    p = P.plan_for(q.to(dtype), k.to(dtype), v.to(dtype), causal, forward_version="v6")
+    assert p.fwd_version == "v6", p.reasons["fwd"]
+    checks = check_attention(_v6, q.to(dtype), k.to(dtype), v.to(dtype), causal, backward=False)
+    assert all(c.ok for c in checks), "\n".join(map(str, checks))
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_v6_strided_views_and_the_op(rng):
+    """(B, N, H, D) storage seen as (B, H, N, D) (nanoGPT's transpose): v6 takes the strides as they are; and
+    the op runs v6 by default at D = 128, N = 4096, forward and backward."""
+    import flashlab
+    x = torch.randn(2, 4096, 3, 3, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    assert P.plan_for(q, k, v, True).fwd_version == "v6"
+    checks = check_attention(lambda q, k, v, c, s: flashlab.flash_attention(q, k, v, causal=c, return_lse=True),
+                             q, k, v, True, backward=True)
+    assert all(c.ok for c in checks), "\n".join(map(str, checks))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("cfg", [C(64, 64, 4, 2), C(128, 128, 8, 3), C(128, 128, 4, 1)])
+def test_gpu_v6_refuses_other_tiles(cfg):
+    """Its tiles and warps are the design; one stage would deadlock the ring (a consumer holds V_{j-1} while it
+    waits for K_j in the same stage)."""
+    q = torch.randn(1, 1, 256, 128, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="128 x 128"):
+        launch_forward(q, q, q, torch.empty_like(q), torch.empty(1, 1, 256, device="cuda"), False, 0.1,
+                       version="v6", config=cfg)
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_v6_no_keys_and_many_heads():
+    """Nk = 0 (no key tile: the consumers would wait for ever): O = 0, LSE = -inf.  B * H = 70,000 programs per
+    tile row, past grid axis 1's 65,535: the 1-D grid takes them."""
+    q = torch.randn(1, 2, 256, 128, device="cuda", dtype=torch.float16)
+    kv = torch.empty(1, 2, 0, 128, device="cuda", dtype=torch.float16)
+    o, lse = torch.full_like(q, 7.0), torch.zeros(1, 2, 256, device="cuda")
+    launch_forward(q, kv, kv, o, lse, False, 0.1, version="v6")
+    assert (o == 0).all() and (lse == float("-inf")).all()
+    q, k, v = (torch.randn(70000, 1, 130, 128, device="cuda", dtype=torch.float16) for _ in range(3))
+    o, lse = _v6(q, k, v, True, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q[-3:].float(), k[-3:].float(), v[-3:].float(),
+                                                           is_causal=True)
+    assert (o[-3:].float() - ref).abs().max().item() < 2e-2
