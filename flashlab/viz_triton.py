@@ -222,3 +222,132 @@ def fig_fa2_grid(nq=300, block_m=64, B=2, H=3):
                  f"(program_id(0), program_id(1)) each", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ forward v6's schedule (notebook 06, section 8)
+
+def ws_schedule(n_tiles: int = 5, stages: int = 3, consumers: int = 2, gemm: float = 1.0, softmax: float = 1.0,
+                copy: float = 1.5, rescale: float = 0.5, issue: float = 0.3) -> list:
+    """A schematic of forward v6's schedule: events (lane, start, end, label, kind), kind in "copy", "gemm",
+    "softmax", "rescale", "wait".  Not a measurement: every product takes ``gemm``, every softmax ``softmax``, the rescale
+    of O by alpha ``rescale``, every TMA copy of K_j and V_j ``copy`` time units (drawn as one copy; the kernel
+    has a barrier per operand).  ``consumers=1`` is one program whose warpgroups move in lockstep: the same warps
+    then issue each refill, which costs them ``issue`` (waiting on the stage's barrier, the copy's setup); with
+    consumers, a producer warp of its own issues them.
+
+    The rules are the kernel's: the producer refills stage j % stages once every consumer has arrived on its
+    "empty" barrier (done with tile j - stages); a consumer issues S_j = Q K_j^T when K_j has landed and, with it,
+    P_{j-1} V_{j-1}; its softmax of S_j starts when S_j is done and overlaps P_{j-1} V_{j-1}; it releases stage
+    j - 1 when that product is done and then rescales O (O *= alpha: the accumulator's registers, on the
+    warpgroup's own units) before it issues the next pair.  The tensor cores run one product at a time, in the
+    order issued, so with two consumers one's softmax and rescale can run while the other's products occupy
+    them; with one, nothing covers the rescale.  Which consumer goes next is the one whose clock is earliest: an
+    idealised warp scheduler, not the hardware's."""
+    events = []
+    tc_free = 0.0                                       # when the tensor cores finish what was issued so far
+    landed = {}                                         # tile -> when K_j, V_j are in shared memory
+    released = {}                                       # (consumer, tile) -> when it arrived on "empty"
+    issue_t = 0.0
+
+    def copy_tile(j):
+        nonlocal issue_t
+        start = issue_t
+        if j >= stages:                                 # wait until every consumer is done with tile j - stages
+            start = max(start, max(released[(w, j - stages)] for w in range(consumers)))
+        events.append(("producer warp", start, start + 0.15, f"K{j} V{j}", "copy"))
+        events.append(("TMA (copies in flight)", start + 0.15, start + 0.15 + copy, f"K{j},V{j}", "copy"))
+        landed[j] = start + 0.15 + copy
+        issue_t = start + 0.15
+
+    state = [dict(t=0.0, j=0) for _ in range(consumers)]   # each consumer's clock and its next tile
+    for j in range(min(stages, n_tiles)):
+        copy_tile(j)
+    next_copy = min(stages, n_tiles)
+    # advance the consumers in turn, always the one whose clock is earliest (the warp scheduler's choice)
+    while any(s["j"] <= n_tiles for s in state):
+        w = min((i for i, s in enumerate(state) if s["j"] <= n_tiles), key=lambda i: state[i]["t"])
+        s, j = state[w], state[w]["j"]
+        lane = f"consumer warpgroup {w}"
+        t = s["t"]
+        if j < n_tiles:
+            if landed[j] > t:
+                events.append((lane, t, landed[j], "wait", "wait"))
+                t = landed[j]
+            s_start = max(t, tc_free)
+            s_end = s_start + gemm
+            events.append(("tensor cores", s_start, s_end, f"S{j} ({w})", "gemm"))
+            tc_free = s_end
+        if j > 0:                                       # P_{j-1} V_{j-1}, issued with S_j
+            pv_start = max(t, tc_free)
+            pv_end = pv_start + gemm
+            events.append(("tensor cores", pv_start, pv_end, f"PV{j - 1} ({w})", "gemm"))
+            tc_free = pv_end
+        if j < n_tiles:
+            events.append((lane, s_end, s_end + softmax, f"softmax {j}", "softmax"))
+            t = s_end + softmax
+        if j > 0:
+            t = max(t, pv_end)
+            released[(w, j - 1)] = t
+            events.append((lane, t, t + rescale, "×α" if j < n_tiles else "÷ℓ", "rescale"))
+            t += rescale
+            while next_copy < n_tiles and all((v, next_copy - stages) in released for v in range(consumers)):
+                if consumers == 1:                      # the same warps issue the refill
+                    events.append((lane, t, t + issue, f"issue K{next_copy} V{next_copy}", "copy"))
+                    t += issue
+                    issue_t = max(issue_t, t)
+                copy_tile(next_copy)
+                next_copy += 1
+        s["t"], s["j"] = t, j + 1
+    return events
+
+
+def tensor_core_busy(events) -> float:
+    """The fraction of the schedule's span during which the tensor cores run a product."""
+    gemms = [(a, b) for lane, a, b, _, kind in events if kind == "gemm"]
+    span = max(b for _, _, b, _, _ in events) - min(a for _, a, _, _, _ in events)
+    return sum(b - a for a, b in gemms) / span
+
+
+def fig_ws_schedule(n_tiles: int = 5, stages: int = 3):
+    """Forward v6's schedule as lanes in time (schematic, from :func:`ws_schedule`), the same 128 query rows two
+    ways, both with the overlapped products and the ring of stages: as one program whose two warpgroups move in
+    lockstep and issue their own copies (scripts/gluon_probe.py's overlap kernel: each product twice as large,
+    both softmaxes at once), and as forward v6's producer and two consumer partitions of 64 rows each."""
+    kinds = {"copy": "#8c959f", "gemm": "#1f6feb", "softmax": "#bf8700", "rescale": "#f2cc60", "wait": "#f6f8fa"}
+    fig = Figure(figsize=(12, 5.6))
+    axes = fig.subplots(2, 1, sharex=True)
+    panels = ((1, 2.0, "schematic: one program, both warpgroups in lockstep, issuing their own copies"),
+              (2, 1.0, "schematic: forward v6, a producer warp and two consumer partitions of 64 rows"))
+    for ax, (consumers, gemm, what) in zip(axes, panels):
+        ev = ws_schedule(n_tiles, stages, consumers, gemm=gemm)
+        lanes = ["producer warp", "TMA (copies in flight)", "tensor cores"] + \
+                ([f"consumer warpgroup {w}" for w in range(consumers)] if consumers > 1 else
+                 ["both warpgroups"])
+        for lane, a, b, label, kind in ev:
+            lane = "both warpgroups" if consumers == 1 and lane.startswith("consumer") else lane
+            y = len(lanes) - 1 - lanes.index(lane)
+            y0, h = y - 0.38, 0.76
+            if lane.startswith("TMA"):                  # copies overlap in flight: one thin row per tile
+                j = int(label.split(",")[0][1:])
+                y0, h = y - 0.38 + (j % stages) * 0.76 / stages, 0.76 / stages
+            ax.add_patch(Rectangle((a, y0), b - a, h, facecolor=kinds[kind], edgecolor="white",
+                                   hatch="//" if kind == "wait" else None, alpha=0.9))
+            if b - a >= 0.6 and kind not in ("wait", "rescale"):
+                label = label.replace(",", "") if lane.startswith("TMA") else label
+                ax.text((a + b) / 2, y0 + h / 2, label if consumers > 1 else label.replace(" (0)", ""),
+                        ha="center", va="center", fontsize=6 if lane.startswith("TMA") else 7,
+                        color="white" if kind == "gemm" else "black")
+        names = [("copies issued (the same warps)" if consumers == 1 and n == "producer warp" else n) for n in lanes]
+        ax.set_yticks(range(len(lanes)), list(reversed(names)), fontsize=8)
+        ax.set_ylim(-0.6, len(lanes) - 0.4)
+        end = max(b for _, _, b, _, _ in ev)
+        ax.set_xlim(0, 27)
+        ax.set_title(f"{what}: tensor cores busy {100 * tensor_core_busy(ev):.0f} % of the time, "
+                     f"done at t = {end:.1f} units", fontsize=9)
+    axes[-1].set_xlabel("time (schematic units: a 64-row product 1, a softmax 1, O's rescale (×α) 0.5, a copy of "
+                        "K_j and V_j 1.5; not measured)")
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="#8c959f") for c in kinds.values()]
+    fig.legend(handles, ["TMA copy", "product on the tensor cores", "softmax (the warpgroup's own units)",
+                         "O *= alpha, O /= l (its own units)", "waiting for a tile"], loc="upper center", ncol=5, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig

@@ -18,12 +18,15 @@ def _descriptors() -> bool:
     return plan.DEVICE_DESCRIPTORS and plan.device_facts().host_descriptors
 
 
+AUTO_XDIST = pytest.StashKey[bool]()
+ONE_WORKER = ("tests/test_browser.py", "tests/test_site.py")   # one worker runs these, in this order
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """The whole suite (``python -m pytest`` with no paths) runs on every core through pytest-xdist, which
-    requirements.txt installs: about 17 minutes instead of 30 on two cores (at most 4 workers beside a GPU).  Paths, ``-n``, ``--dist`` or
-    ``--pdb`` given, or xdist absent: pytest runs as asked.  ``loadgroup`` keeps the tests marked
-    ``xdist_group`` in one process, in order (the site is built from the browser test's executed notebooks)."""
+    requirements.txt installs: about 18 minutes instead of 30 on two cores (at most 4 workers beside a GPU).
+    Paths, ``-n``, ``--dist`` or ``--pdb`` given, or xdist absent: pytest runs as asked."""
     if (config.pluginmanager.hasplugin("xdist") and not hasattr(config, "workerinput")
             and config.option.numprocesses is None and config.option.dist == "no"
             and config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.getoption("usepdb", False)):
@@ -32,7 +35,44 @@ def pytest_cmdline_main(config):
             cores = min(cores, 4)      # the workers share one GPU, each with a CUDA context of its own
         if cores > 1:
             config.option.numprocesses = cores
-            config.option.dist = "loadgroup"
+            config.option.dist = "load"
+            config.stash[AUTO_XDIST] = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With the suite spread (above): every test on its own, except ONE_WORKER's, which one worker runs in
+    collection order -- the site is built from the notebooks the browser test just executed, in that worker's
+    temporary directory.  (A scheduler of the controller's: xdist's ``loadgroup`` needs ``--dist`` on the
+    command line, which the workers parse again.)"""
+    if not config.stash.get(AUTO_XDIST, False):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class BrowserThenSite(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return "browser, then site" if nodeid.startswith(ONE_WORKER) else nodeid
+
+    return BrowserThenSite(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_turns(request):
+    """Under pytest-xdist, a test marked ``sandbox_alone`` (it asserts that no sandbox process is left
+    anywhere on the machine) runs while no other test runs: it takes a lock file exclusively, every other
+    test shares it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    import fcntl
+    import tempfile
+    with open(os.path.join(tempfile.gettempdir(), "flashlab-tests-sandbox.lock"), "w") as f:
+        alone = request.node.get_closest_marker("sandbox_alone") is not None
+        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -352,6 +352,7 @@ for pid in kids:                                     # (the kernel itself needs 
     return targets
 
 
+@pytest.mark.sandbox_alone
 def test_a_hostile_class_is_graded_to_the_end(tmp_path, monkeypatch):
     marker = f"flashlab-attack-{os.getpid()}-{time.time_ns()}"
     monkeypatch.setenv("FLASHLAB_TEST_SECRET", "token-123")

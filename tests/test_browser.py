@@ -22,9 +22,6 @@ import browser_util
 from flashlab import device
 from browser_util import JS_IMAGES, JS_NOTEBOOK_STATE, ROOT
 
-# one pytest-xdist worker runs the browser test, then the site built from its executed notebooks
-pytestmark = pytest.mark.xdist_group("browser_site")
-
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 TIMEOUT = float(os.environ.get("FLASHLAB_BROWSER_TIMEOUT", 900))     # seconds per notebook
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")

@@ -20,9 +20,6 @@ import pytest
 import browser_util
 from browser_util import ROOT
 
-# one pytest-xdist worker runs the browser test, then the site built from its executed notebooks
-pytestmark = pytest.mark.xdist_group("browser_site")
-
 LECTURES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 

@@ -25,3 +25,31 @@ def test_shared_memory_bandwidth_is_the_derived_figure():
     assert hardware.peak_bandwidth("NVIDIA H200") == 4.8e12
     assert hardware.peak_bandwidth("NVIDIA A100-SXM4-80GB", 80e9) == 2.039e12
     assert hardware.peak_bandwidth("Some other GPU") is None
+
+
+def test_ws_schedule_keeps_the_kernels_rules():
+    """Forward v6's schematic (notebook 06, section 8) obeys the kernel's barriers: a stage is refilled only after
+    every consumer released the tile it held, a product starts only after its tile landed, the tensor cores run
+    one product at a time; with two consumer partitions they are busier than with one lockstep program."""
+    from matplotlib.figure import Figure
+    for consumers, gemm in ((1, 2.0), (2, 1.0)):
+        ev = V.ws_schedule(n_tiles=6, stages=2, consumers=consumers, gemm=gemm)
+        landed = {int(lbl.split(",")[0][1:]): b for lane, a, b, lbl, k in ev if lane.startswith("TMA")}
+        issued = {int(lbl.split()[0][1:]): a for lane, a, b, lbl, k in ev if lane == "producer warp"}
+        gemms = sorted((a, b, lbl) for lane, a, b, lbl, k in ev if lane == "tensor cores")
+        assert all(b1 <= a2 + 1e-9 for (_, b1, _), (a2, _, _) in zip(gemms, gemms[1:]))   # one at a time
+        for a, b, lbl in gemms:
+            if lbl.startswith("S"):
+                assert a >= landed[int(lbl.split()[0][1:])] - 1e-9                     # K_j had landed
+        pv_done = {}
+        for a, b, lbl in gemms:
+            if lbl.startswith("PV"):
+                pv_done.setdefault(int(lbl.split()[0][2:]), []).append(b)
+        for j, t in issued.items():
+            if j >= 2:                                                                 # stage j % 2 was free
+                assert t >= max(pv_done[j - 2]) - 1e-9 and len(pv_done[j - 2]) == consumers
+        assert len([g for g in gemms if g[2].startswith("S")]) == 6 * consumers
+    lock = V.tensor_core_busy(V.ws_schedule(consumers=1, gemm=2.0))
+    split = V.tensor_core_busy(V.ws_schedule(consumers=2, gemm=1.0))
+    assert 0 < lock < split <= 1
+    assert isinstance(V.fig_ws_schedule(), Figure)
