@@ -84,6 +84,18 @@ def _ptxas():
     return here if os.access(here, os.X_OK) else shutil.which("ptxas")
 
 
+def compile_in_child(code: str, causal: bool) -> dict:
+    """Run ``code`` (it compiles a Gluon kernel for sm_90 and prints a JSON line) in a child process in compiled mode:
+    Gluon has no interpreter, and the child's Triton must not be the interpreter's."""
+    if _ptxas() is None:
+        pytest.skip("no ptxas with this Triton")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, "-c", code, "1" if causal else "0"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 COMPILE = """
 import json, sys
 from flashlab.kernels import forward_v6
@@ -101,13 +113,7 @@ def test_v6_compiles_for_sm90(causal):
     """Gluon has no interpreter: compiling for sm_90 (no GPU needed, in a child process in compiled mode) is what
     a CPU machine can check of v6 -- this Triton still takes its warp specialisation, barriers, TMA copies and
     wgmmas, and it fits in an H200's shared memory."""
-    if _ptxas() is None:
-        pytest.skip("no ptxas with this Triton")
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    r = subprocess.run([sys.executable, "-c", COMPILE, "1" if causal else "0"], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = compile_in_child(COMPILE, causal)
     assert got["warps"] == 12                                  # 4 + 4 consumers, the producer's warpgroup
     assert got["shared"] <= H200.shared_memory
     assert got["producer_gives_back"] and got["wgmma"] and got["tma"]

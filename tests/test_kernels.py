@@ -19,33 +19,12 @@ from flashlab import device, kernels
 from flashlab.accuracy import check_attention
 from flashlab.kernels import Config as C
 from flashlab.kernels import launch_backward, launch_forward
+from flashlab.kernels import version_op as kernels_version_op
 
 DEV = device.DEVICE
 
 
-def _op(fwd_version, bwd_version, fwd_cfg=None, bwd_cfg=None):
-    """fn(q, k, v, causal, scale) -> (o, lse), differentiable, through the launchers of one version."""
-    class Op(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, causal, scale):
-            o = torch.empty_like(q)
-            lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-            launch_forward(q, k, v, o, lse, causal, scale, version=fwd_version, config=fwd_cfg)
-            ctx.save_for_backward(q, k, v, o, lse)
-            ctx.args = (causal, scale)
-            return o, lse
-
-        @staticmethod
-        def backward(ctx, do, _dlse):
-            q, k, v, o, lse = ctx.saved_tensors
-            grads = [torch.empty_like(t) for t in (q, k, v)]
-            launch_backward(q, k, v, o, lse, do.contiguous(), *grads, *ctx.args, version=bwd_version,
-                            config=bwd_cfg)
-            return (*grads, None, None)
-
-    def fn(q, k, v, causal, scale):
-        return Op.apply(q, k, v, causal, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
-    return fn
+_op = kernels_version_op   # fn(q, k, v, causal, scale) -> (o, lse) through one forward and one backward version
 
 
 def _rand(shape, dtype, mag=1.0):

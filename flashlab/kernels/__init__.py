@@ -18,6 +18,8 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                v3 backward_v3.py  one pass: five products per tile pair, dQ added in bulk (TMA reduce); autotuned
                v4 backward_v4.py  v3 with its descriptors made on the host, not in every program; autotuned
                v5 backward_v5.py  v2 with the variants' branches; GQA's dK/dV summed over the group in one program
+               v6 backward_v6.py  v4's algorithm with forward v6's warp specialisation (Gluon, sm_90, D = 128);
+                                  run when forced
                                   (no atomics); dropout's mask regenerated; descriptor loads on Hopper;
                                   flashlab.variants runs it
 
@@ -58,7 +60,7 @@ from .plan import (BACKWARD, BACKWARD_VERSIONS, FORWARD, FORWARD_VERSIONS, ONE_P
 from .tiles import C, Config, estimate_shared_memory, tuned_configs  # noqa: E402
 
 __all__ = ["Config", "forward_configs", "backward_configs", "backward_v3_configs", "forward_config",
-           "backward_config", "launch_forward", "launch_backward", "FORWARD_VERSIONS", "BACKWARD_VERSIONS",
+           "backward_config", "launch_forward", "launch_backward", "version_op", "FORWARD_VERSIONS", "BACKWARD_VERSIONS",
            "FORWARD", "BACKWARD", "default_versions", "estimate_shared_memory", "tuned_configs", "LOG2E", "plan",
            "tiles", "Plan"]
 
@@ -175,3 +177,33 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
                                backward_config=config, variant=variant)
     BACKWARD[p.bwd_version].launch(p, q, k, v, o, lse, do, dq, dk, dv, scale,
                                    _runners(p, (q, k, v, o, lse, do, dq, dk, dv), variant_args), **variant_args)
+
+
+def version_op(fwd_version=None, bwd_version=None, fwd_cfg=None, bwd_cfg=None):
+    """fn(q, k, v, causal, scale) -> (o, lse), differentiable, through the launchers of one forward and one backward
+    version (None: the plan's) and, optionally, forced tiles: how tests and scripts compare versions."""
+    import math
+
+    import torch
+
+    class Op(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o = torch.empty_like(q)
+            lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+            launch_forward(q, k, v, o, lse, causal, scale, version=fwd_version, config=fwd_cfg)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.args = (causal, scale)
+            return o, lse
+
+        @staticmethod
+        def backward(ctx, do, _dlse):
+            q, k, v, o, lse = ctx.saved_tensors
+            grads = [torch.empty_like(t) for t in (q, k, v)]
+            launch_backward(q, k, v, o, lse, do.contiguous(), *grads, *ctx.args, version=bwd_version,
+                            config=bwd_cfg)
+            return (*grads, None, None)
+
+    def fn(q, k, v, causal, scale=None):
+        return Op.apply(q, k, v, causal, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    return fn

@@ -41,22 +41,25 @@ import triton
 import triton.language as tl
 
 from .. import device
-from . import (backward, backward_v2, backward_v3, backward_v4, backward_v5, forward, forward_v2, forward_v3,
-               forward_v4, forward_v5, forward_v6, forward_fp8, tiles)
+from . import (backward, backward_v2, backward_v3, backward_v4, backward_v5, backward_v6, forward, forward_v2,
+               forward_v3, forward_v4, forward_v5, forward_v6, forward_fp8, tiles)
 from .tiles import C, Config
 
 FORWARD = {"v1": forward, "v2": forward_v2, "v3": forward_v3, "v4": forward_v4, "v5": forward_v5, "v6": forward_v6,
            "fp8": forward_fp8}
-BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4, "v5": backward_v5}
+BACKWARD = {"v1": backward, "v2": backward_v2, "v3": backward_v3, "v4": backward_v4, "v5": backward_v5,
+            "v6": backward_v6}
 # The FP8 forward takes e4m3 inputs: the dtype chooses it (torch.float8_e4m3fn), never a variant feature, and it
 # has no backward (inference only).
 FP8 = "fp8"
 FP8_DTYPE = forward_fp8.FP8_DTYPE
 # The versions of plain attention (no variant feature in SUPPORTS): the ones the policy picks for a plain call
 # and the ones scripts compare.  Forward v4 and backward v5 run the variants (any version may be forced).
-# Forward v6 is left out of them too: written in Gluon for sm_90 only, it has no interpreter and no other GPU.
+# Forward and backward v6 are left out of them too: written in Gluon for sm_90 only, they have no interpreter and
+# no other GPU.
 FORWARD_VERSIONS = tuple(v for v, m in FORWARD.items() if not m.SUPPORTS and v != FP8 and not getattr(m, "ONLY_ON", None))
-BACKWARD_VERSIONS = tuple(v for v, m in BACKWARD.items() if not m.SUPPORTS)
+BACKWARD_VERSIONS = tuple(v for v, m in BACKWARD.items() if not m.SUPPORTS and not getattr(m, "ONLY_ON", None))
+ONE_PASS = ("v3", "v4", "v6")   # one backward kernel after Delta (dQ added into a float32 buffer)
 
 V3_FROM = 2048   # forward v3 from this sequence-length bucket on (below it v2 is as fast or faster)
 V5_FROM = 1024   # forward v5 (host descriptors) on Hopper from this bucket up to V3_FROM (below it: v1 / v2)
@@ -101,7 +104,7 @@ class DeviceFacts:
 
 
 def v6_runs(dtype, head_dim: int, facts: DeviceFacts, layout=None) -> str | None:
-    """None if forward v6 can run this call here, else why not."""
+    """None if forward v6 (and backward v6: the same conditions) can run this call here, else why not."""
     if not facts.sm90:
         return "it is written for Hopper (sm_90: warpgroup MMAs, register reallocation)"
     if not facts.warp_specialize:
@@ -334,6 +337,8 @@ class Plan:
         if self.bwd_version in ("v3", "v4"):
             lines[-1] += (f" (dQ added {'by TMA reduce' if self.tma_reduce else 'by pointer atomics'}"
                           f"{', spread over rows' if self.spread else ''})")
+        elif self.bwd_version == "v6":
+            lines[-1] += " (dQ added by TMA reduce, 64 columns a consumer warpgroup)"
         lines += ["    " + s.describe().replace("\n", "\n    ") for s in self.backward]
         return "\n".join(lines)
 
@@ -560,6 +565,10 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
         # what the policy picks without v6 (v5 in the 1024 bucket, v3 from 2048; their own layout rules follow)
         alt, why = choose_versions(dtype, D, bucket, causal, replace(facts, warp_specialize=False), det, variant)
         versions["fwd"], reasons["fwd"] = alt["fwd"], f"v6 wanted, but {v6_runs(dtype, D, facts, layout)}: {why['fwd']}"
+    if versions["bwd"] == "v6" and v6_runs(dtype, D, facts, layout) is not None:
+        alt, why = choose_versions(dtype, D, bucket, causal, replace(facts, warp_specialize=False), det, variant,
+                                   B * H * Nk)
+        versions["bwd"], reasons["bwd"] = alt["bwd"], f"v6 wanted, but {v6_runs(dtype, D, facts, layout)}: {why['bwd']}"
     if versions["fwd"] == "v3" and not facts.device_descriptors:
         versions["fwd"], reasons["fwd"] = "v2", f"v3 wanted, but {NO_DESCRIPTORS}: v2"
     if versions["fwd"] == "v3" and not layout.tma:
@@ -600,7 +609,7 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
     pre = Step("preprocess", "pre", "v1", D, Nq, B * H, C(pre_m, pre_m), (), False, 0, None,
                "Delta = rowsum(dO * O): one pass over O and dO, 64-row tiles (32 in the interpreter)", True)
     # one dK/dV program per K/V head's tile, summing the group's query heads (GQA: B * H / kv_groups of them)
-    b_kinds = ((("bwd", Nk, B * H),) if versions["bwd"] in ("v3", "v4")
+    b_kinds = ((("bwd", Nk, B * H),) if versions["bwd"] in ONE_PASS
                else (("dkdv", Nk, B * (H // variant.kv_groups)), ("dq", Nq, B * H)))
     if isinstance(bcfg, Config) and len(b_kinds) == 2:
         bcfg = (bcfg, bcfg)

@@ -1,0 +1,341 @@
+"""FlashAttention-2 backward, v6: forward v6's warp specialisation applied to backward v4 (Gluon, Hopper, D = 128).
+
+Backward v4 leaves the schedule to Triton: each program loads Q_i and dO_i, then runs five products and
+the exponentials in turn, and the tensor cores wait for every load and every softmax.  v6 writes the
+same one-pass algorithm (K_j, V_j stationary; dV_j, dK_j on chip; dQ_i's share added to a float32
+buffer by the TMA unit) as FlashAttention-3 does on Hopper:
+
+1. **A producer warp** issues every TMA copy: K_j and V_j once, then Q_i and dO_i into a ring of
+   STAGES stages, with a "ready" barrier per operand and an "empty" barrier both consumers arrive on.
+2. **Two consumer warpgroups** (partitions of their own, 240 registers a thread) each own 64 of the
+   tile's 128 keys: dV and dK for them are 64 x 128 float32 accumulators, 64 registers each.
+   Per Q tile of 64 rows, warpgroup w computes, with asynchronous ``warpgroup_mma``s:
+
+       S^T = K_w Q_i^T,  dP^T = V_w dO_i^T             (issued together, 64 x 64 each)
+       P^T = exp2(S^T log2(e) s - L_i),  dV_w += P^T dO_i   (P^T from registers)
+       dS^T = P^T o (dP^T - D_i),         dK_w += dS^T Q_i
+
+3. **dQ_i = dS K_j is split by columns, not by keys.**  Each warpgroup writes its half of dS^T
+   (64 keys x 64 rows) to shared memory; once both halves are there (a barrier both arrive on),
+   warpgroup w computes dQ_i's columns 64w ... 64w + 63 from all 128 keys,
+   dS (64 x 128, the shared tile read transposed) times K_j's columns (128 x 64): 32 registers, not
+   the 64 a key split would need beside dK and dV, and one float32 add per element of dQ_i, not two.
+   The warpgroup stages its 64 x 64 block in shared memory and the TMA unit adds it into the buffer
+   (``cp.reduce.async.bulk.tensor``), as v4 does; the dS^T tiles are double-buffered so a warpgroup
+   may run one Q tile ahead of the other.
+
+Rows past N load as zeros and their adds are dropped (4-D TMA over (B, H, N, D)); P^T's exponent is
+clamped at 0 as in v3 (keys past Nk); causal programs start at the first Q tile that sees their keys
+and mask only the two tiles on the diagonal.
+
+Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
+backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x
+cuDNN).  Measured: docs/BENCHMARKS.md.
+
+Hopper only (sm_90), fp16/bf16, D = 128; no interpreter (Gluon has none).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import backward, tiles
+from .tiles import C
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.language._core import builtin as _builtin
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton._C.libtriton import ir as _ir
+    AVAILABLE = hasattr(gl, "warp_specialize")
+except Exception:  # noqa: BLE001  # pragma: no cover - Triton before Gluon
+    AVAILABLE = False
+
+LOG2E = 1.4426950408889634
+MAXNREG = 168          # as forward v6: 12 warps x 32 threads x 168 <= 65,536
+CONSUMER_REGS = 240
+
+SUPPORTS = frozenset()
+HEAD_DIMS = (128,)
+ONLY_ON = "sm_90"
+
+
+if AVAILABLE:
+    from .forward_v6 import _tma_load
+
+    if hasattr(tma, "async_atomic_add"):          # Triton >= 3.7
+        @gluon.jit
+        def _tma_add(desc, coord, src):
+            tma.async_atomic_add(desc, coord, src)
+    else:                                         # Triton 3.6: the op exists, Gluon does not name it yet
+        @_builtin
+        def _tma_add_op(desc, coord, src, _semantic=None):
+            coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+            _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, desc.handle, coord, src.handle)
+
+        @gluon.jit
+        def _tma_add(desc, coord, src):
+            _tma_add_op(desc, coord, src)
+
+    if hasattr(gl, "barrier"):                   # Triton >= 3.7 names the partition's barrier gl.barrier
+        @gluon.jit
+        def _sync():
+            gl.barrier()
+    else:
+        @gluon.jit
+        def _sync():
+            gl.thread_barrier()
+
+    @gluon.jit
+    def _load_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+                        CAUSAL: gl.constexpr, WG: gl.constexpr):
+        """The producer (1 warp): K_j and V_j once, then Q_i and dO_i into stage it % STAGES when it is empty."""
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
+        kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
+        off_b, off_h, n0, m_lo, n_iter, first = coords
+        STAGES: gl.constexpr = q_smem.type.shape[0]
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [off_b, off_h, n0, 0], kv_bar, k_smem)
+        _tma_load(v_desc, [off_b, off_h, n0, 0], kv_bar, v_smem)
+        for it in range(n_iter):
+            st = it % STAGES
+            row = (m_lo + (first + it) % n_iter) * BLOCK_M
+            mbarrier.wait(qdo_empty.index(st), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
+            mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [off_b, off_h, row, 0], q_ready.index(st), q_smem.index(st))
+            mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
+            _tma_load(do_desc, [off_b, off_h, row, 0], do_ready.index(st), do_smem.index(st))
+
+    @gluon.jit
+    def _consumer_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+                            CAUSAL: gl.constexpr, WG: gl.constexpr):
+        """A consumer warpgroup: keys n0 + 64 WG ... + 63; dK, dV for them, dQ's columns 64 WG ... + 63."""
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
+        kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
+        off_b, off_h, n0, m_lo, n_iter, first = coords
+        Nq, Nk, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh, stride_lm, H = sizes
+        LSE, Delta, DK, DV = ptrs
+        qk_scale, sm_scale = scales
+        dtype: gl.constexpr = q_desc.dtype
+        STAGES: gl.constexpr = q_smem.type.shape[0]
+        BLOCK_M: gl.constexpr = q_smem.type.shape[3]
+        HEAD_DIM: gl.constexpr = q_smem.type.shape[4]
+        HALF: gl.constexpr = 64
+        BLOCK_N: gl.constexpr = 2 * HALF
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+        mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
+        row_l: gl.constexpr = gl.SliceLayout(0, mma_s)        # along S^T's columns: the Q tile's rows
+        key_l: gl.constexpr = gl.SliceLayout(1, mma_s)        # along S^T's rows: this warpgroup's keys
+
+        keys = n0 + WG * HALF + gl.arange(0, HALF, layout=key_l)
+        offs_m = gl.arange(0, BLOCK_M, layout=row_l)
+        lse_base = LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
+        delta_base = Delta + (off_b * H + off_h).to(gl.int64) * Nq
+        k_all = k_smem.reshape([BLOCK_N, HEAD_DIM])
+        k_w = k_all.slice(WG * HALF, HALF, dim=0)              # this warpgroup's keys (64 x D)
+        v_w = v_smem.reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=0)
+        k_cols = k_all.slice(WG * HALF, HALF, dim=1)           # all keys, this warpgroup's dQ columns (128 x 64)
+        stage = dq_smem.index(WG)
+        zero_s = gl.zeros([HALF, BLOCK_M], dtype=gl.float32, layout=mma_s)
+        dk = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
+        dv = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
+        mask_until = n0 + BLOCK_N                                # Q tiles from here on see all of this tile's keys
+
+        mbarrier.wait(kv_bar, 0)
+        for it in range(n_iter):
+            st = it % STAGES
+            ph = (it // STAGES) & 1
+            b = it % 2
+            phb = (it // 2) & 1
+            row0 = (m_lo + (first + it) % n_iter) * BLOCK_M
+            rows = row0 + offs_m
+            row_ok = rows < Nq
+            lse2 = gl.load(lse_base + rows * stride_lm, mask=row_ok, other=0.0) * 1.4426950408889634
+            delta = gl.load(delta_base + rows, mask=row_ok, other=0.0)
+            q_s = q_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
+            do_s = do_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
+
+            mbarrier.wait(q_ready.index(st), ph)
+            s_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            mbarrier.wait(do_ready.index(st), ph)
+            dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            s_t = warpgroup_mma_wait(1, deps=(s_tok,))                     # S^T done; dP^T in flight
+            if CAUSAL:
+                if row0 < mask_until:
+                    s_t = gl.where(keys[:, None] <= rows[None, :], s_t, float("-inf"))
+            p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))  # P^T <= 1 (keys past Nk too)
+            p16 = gl.convert_layout(p_t.to(dtype), a_op)
+            dv_tok = warpgroup_mma(p16, do_s, dv, is_async=True)             # dV_w += P^T dO_i
+            dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))                   # dP^T done; dV in flight
+            ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)                 # dS^T
+
+            mbarrier.wait(ds_free.index(b), phb ^ 1)                       # both read this buffer 2 tiles ago
+            ds_smem.index(b).slice(WG * HALF, HALF, dim=0).store(ds16)
+            fence_async_shared()
+            _sync()
+            mbarrier.arrive(ds_ready.index(b), count=1)
+
+            dk_tok = warpgroup_mma(gl.convert_layout(ds16, a_op), q_s, dk, is_async=True)   # dK_w += dS^T Q_i
+            mbarrier.wait(ds_ready.index(b), phb)                          # the other half of dS^T is there
+            dq_tok = warpgroup_mma(ds_smem.index(b).permute((1, 0)), k_cols, zero_s, use_acc=False, is_async=True)
+            dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+            mbarrier.arrive(qdo_empty.index(st), count=1)                  # done with Q_i, dO_i
+            mbarrier.arrive(ds_free.index(b), count=1)                     # done reading dS^T
+
+            tma.store_wait(0)                                              # the last add has read the stage
+            _sync()
+            stage.reshape([BLOCK_M, HALF]).store(dq)
+            fence_async_shared()
+            _sync()
+            _tma_add(dq_desc, [off_b, off_h, row0, WG * HALF], stage)     # dQacc_i[:, cols] += dS K_j[:, cols]
+        tma.store_wait(0)
+
+        kd = n0 + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_d))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_d))
+        off = (off_b.to(gl.int64) * stride_kb + off_h.to(gl.int64) * stride_kh
+               + kd[:, None].to(gl.int64) * stride_kn + offs_d[None, :])
+        ok = (kd < Nk)[:, None]
+        gl.store(DK + off, (dk * sm_scale).to(dtype), mask=ok)
+        gl.store(DV + off, dv.to(dtype), mask=ok)
+
+    @gluon.jit
+    def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV,
+                            stride_kb, stride_kh, stride_kn, stride_lb, stride_lh, stride_lm,
+                            H, Nq, Nk, sm_scale, qk_scale,
+                            CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                            SPREAD: gl.constexpr = True):
+        """One program: BLOCK_N = 128 keys of one (batch, head); a 1-D grid of K tiles x B * H, the tile index
+        fastest.  dK and dV are written with K's strides (the launcher makes them alike).  SPREAD: each program
+        walks its Q tiles from its own, wrapping (backward v3's spread: the programs of a head do not all add into
+        the same dQ rows at once)."""
+        n_n = gl.cdiv(Nk, BLOCK_N)
+        pid = gl.program_id(0)
+        start_n = pid % n_n
+        bh = pid // n_n
+        off_b = bh // H
+        off_h = bh % H
+        n0 = start_n * BLOCK_N
+        n_q = gl.cdiv(Nq, BLOCK_M)
+        m_lo = pid * 0                                                  # a tensor: partitions take no ints
+        if CAUSAL:
+            m_lo = gl.minimum(n0 // BLOCK_M, n_q)                        # the first Q tile that sees these keys
+        n_iter = n_q - m_lo
+        first = pid * 0
+        if SPREAD:
+            first = start_n % gl.maximum(n_iter, 1)                      # each program starts at its own Q tile
+
+        dtype: gl.constexpr = q_desc.dtype
+        k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+        ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        qdo_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(s), count=1)
+            mbarrier.init(do_ready.index(s), count=1)
+            mbarrier.init(qdo_empty.index(s), count=2)                 # both consumer warpgroups arrive
+        for s in gl.static_range(2):
+            mbarrier.init(ds_ready.index(s), count=2)
+            mbarrier.init(ds_free.index(s), count=2)
+        fence_async_shared()
+
+        bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem)
+        bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free)
+        coords = (off_b, off_h, n0, m_lo, n_iter, first)
+        sizes = (Nq, Nk, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh, stride_lm, H)
+        ptrs = (LSE, Delta, DK, DV)
+        scales = (qk_scale, sm_scale)
+        gl.warp_specialize([
+            (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+                                   CAUSAL, 0)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+                                   CAUSAL, 1)),
+            (_load_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+                               CAUSAL, 1)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+
+# ------------------------------------------------------------------------------------- configs and launcher
+
+def config_lists(head_dim, dtype, limit, cc) -> dict:
+    """One config (the tiles are the kernel's design: 64 query rows x 128 keys, 4 warps per partition), 2 stages.
+    Shared memory: K, V 64 KiB, Q and dO 32 KiB a stage, dS^T 2 x 16, the dQ stages 2 x 16: 192 KiB at 2 stages."""
+    cands = [C(64, 128, 4, 2)]
+    if limit is not None:
+        cands = [c for c in cands if 1024 * (64 + 32 * c.num_stages + 64) + 1024 <= limit]
+    return {"bwd": (cands, [])}
+
+
+def _sig(dtype: str, causal: bool, stages: int):
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    fn = flash_bwd_kernel_v6
+    sig = {n: "i32" for n in fn.arg_names}
+    for name, rows, cols, dt, g in (("q_desc", 64, 128, dtype, gdt), ("do_desc", 64, 128, dtype, gdt),
+                                    ("k_desc", 128, 128, dtype, gdt), ("v_desc", 128, 128, dtype, gdt),
+                                    ("dq_desc", 64, 64, "fp32", gl.float32)):
+        layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], g)
+        sig[name] = f"tensordesc<{dt}[1, 1, {rows}, {cols}],{layout!r}>"
+    sig.update(LSE="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32")
+    consts = dict(CAUSAL=causal, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS)
+    sig.update({k: "constexpr" for k in consts})
+    return fn, sig, consts
+
+
+def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 2):
+    """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only); needs ``TRITON_INTERPRET=0``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    fn, sig, consts = _sig(dtype, causal, stages)
+    src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
+
+
+def _descriptor(t, rows: int, cols: int | None = None):
+    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[t.dtype]
+    block = [1, 1, rows, cols or t.shape[-1]]
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+
+def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
+    """Delta, then the warp-specialised pass adding dQ into a float32 buffer; dQ = scale * buffer."""
+    step = plan.backward[1]
+    cfg = step.config
+    if (cfg.block_m, cfg.block_n, cfg.num_warps) != (64, 128, 4) or cfg.num_stages < 2:
+        raise ValueError(f"backward v6's tiles are its design, 64 query rows x 128 keys, 4 warps per consumer "
+                         f"warpgroup, and at least 2 stages, not {cfg}")
+    if plan.Nk == 0 or plan.Nq == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return
+    delta = backward.preprocess(plan, o, do, runners)
+    dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
+    same = dk.stride() == k.stride() and dv.stride() == k.stride()
+    dk_out, dv_out = (dk, dv) if same else (torch.empty_like(k), torch.empty_like(k))
+    grid = tiles.grid_1d(-(-plan.Nk // cfg.block_n), plan.B * plan.H)
+    flash_bwd_kernel_v6[grid](
+        _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
+        _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
+        *k.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E,
+        CAUSAL=plan.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
+        STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cfg.num_warps, maxnreg=MAXNREG)
+    if not same:
+        dk.copy_(dk_out), dv.copy_(dv_out)
+    if not step.verified:
+        step.fell_back(cfg, [])
+    torch.mul(dq_acc, scale, out=dq)

@@ -1,0 +1,116 @@
+"""Backward v6 (forward v6's warp specialisation applied to the one-pass backward, Gluon, Hopper only): where the
+plan runs it, that it compiles for sm_90 with this Triton (no GPU needed), and on an sm_90 GPU its accuracy
+against float64."""
+
+import pytest
+import torch
+
+from flashlab import device
+from flashlab.accuracy import check_attention
+from flashlab.kernels import backward_v6, launch_backward, version_op
+from flashlab.kernels import plan as P
+from flashlab.kernels.tiles import C
+
+from test_forward_v6 import compile_in_child
+
+needs_gluon = pytest.mark.skipif(not backward_v6.AVAILABLE, reason="this Triton has no Gluon warp specialisation")
+H200 = P.SIMULATED["h200"]
+
+
+def test_v6_is_not_among_the_versions_every_machine_runs():
+    assert "v6" in P.BACKWARD and "v6" not in P.BACKWARD_VERSIONS
+
+
+def test_forcing_backward_v6_where_it_cannot_run_says_why():
+    p = P.plan(2, 8, 4096, 4096, 128, torch.float16, False, facts=P.SIMULATED["a100"], backward_version="v6")
+    assert p.bwd_version == "v2" and p.reasons["bwd"].startswith("v6 wanted, but it is written for Hopper")
+    p = P.plan(2, 8, 4096, 4096, 64, torch.float16, False, facts=H200, backward_version="v6")
+    assert p.bwd_version != "v6" and "D = 128 only" in p.reasons["bwd"]
+    if backward_v6.AVAILABLE:
+        p = P.plan(2, 8, 4096, 4096, 128, torch.float16, False, facts=H200, backward_version="v6",
+                   layout=P.Layout(no_zero_stride=False))
+        assert p.bwd_version != "v6" and "stride 0" in p.reasons["bwd"]
+
+
+@needs_gluon
+def test_forced_backward_v6_is_one_kernel_after_delta():
+    p = P.plan(2, 8, 4096, 4000, 128, torch.bfloat16, True, facts=H200, backward_version="v6")
+    assert p.bwd_version == "v6"
+    assert [s.kind for s in p.backward] == ["pre", "bwd"]
+    assert p.backward[1].config == C(64, 128, 4, 2)
+    assert p.backward[1].grid_for(p.backward[1].config) == (32 * 16,)    # cdiv(4000, 128) K tiles x B * H
+
+
+COMPILE = """
+import json, sys
+from flashlab.kernels import backward_v6
+k = backward_v6.compile_sm90(causal=sys.argv[1] == "1")
+ptx = k.asm["ptx"]
+print(json.dumps(dict(warps=k.metadata.num_warps, shared=k.metadata.shared,
+                      producer_gives_back="setmaxnreg.dec.sync.aligned.u32 \\t24;" in ptx,
+                      wgmma=ptx.count("wgmma.mma_async"), tma_loads="cp.async.bulk.tensor" in ptx,
+                      tma_adds="cp.reduce.async.bulk.tensor" in ptx and ".add" in ptx,
+                      spills="ld.local" in ptx or "st.local" in ptx)))
+"""
+
+
+@needs_gluon
+@pytest.mark.parametrize("causal", [False, True])
+def test_v6_backward_compiles_for_sm90(causal):
+    """What a CPU machine can check of it: this Triton takes its partitions, barriers, TMA copies and adds and
+    wgmmas (32 a consumer: S^T and dP^T 8 each, dV and dK 4 each, dQ 8), it fits in an H200's shared memory,
+    and nothing spills to local memory."""
+    got = compile_in_child(COMPILE, causal)
+    assert got["warps"] == 12
+    assert got["shared"] <= H200.shared_memory
+    assert got["producer_gives_back"] and got["tma_loads"] and got["tma_adds"] and not got["spills"]
+    assert got["wgmma"] == 2 * 32
+
+
+sm90 = pytest.mark.skipif(not (device.DEVICE.type == "cuda" and P.device_facts().sm90 and backward_v6.AVAILABLE),
+                          reason="needs an sm_90 GPU (H100, H200) and Gluon")
+
+
+def _op():
+    return version_op(None, "v6")
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nq,nk", [(4096, 4096), (1000, 1000), (2050, 2050), (700, 1900), (1900, 700), (130, 64),
+                                   (64, 130)])
+def test_gpu_backward_v6_accuracy(rng, dtype, causal, nq, nk):
+    """Ragged tiles on both sides, Nq != Nk both ways (top-left causal), logits 4x larger than unit."""
+    q, k, v = (torch.randn(2, 3, n, 128, device="cuda") for n in (nq, nk, nk))
+    q, k = 4 * q, 2 * k
+    p = P.plan_for(q.to(dtype), k.to(dtype), v.to(dtype), causal, backward_version="v6")
+    assert p.bwd_version == "v6", p.reasons["bwd"]
+    checks = check_attention(_op(), q.to(dtype), k.to(dtype), v.to(dtype), causal, backward=True)
+    assert all(c.ok for c in checks), "\n".join(map(str, checks))
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_backward_v6_strided_views(rng):
+    """(B, N, H, D) storage seen as (B, H, N, D) (nanoGPT's transpose): the TMA copies take the strides as they
+    are, and dK, dV are written in k's strides."""
+    x = torch.randn(2, 1500, 3, 3, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    checks = check_attention(_op(), q, k, v, True, backward=True)
+    assert all(c.ok for c in checks), "\n".join(map(str, checks))
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_backward_v6_refuses_other_tiles_and_takes_empty_calls():
+    q = torch.randn(1, 1, 256, 128, device="cuda", dtype=torch.float16)
+    o, lse = torch.zeros_like(q), torch.zeros(1, 1, 256, device="cuda")
+    g = [torch.full_like(q, 7.0) for _ in range(3)]
+    with pytest.raises(ValueError, match="64 query rows x 128 keys"):
+        launch_backward(q, q, q, o, lse, q, *g, False, 0.1, version="v6", config=C(128, 128, 4, 2))
+    kv = torch.empty(1, 1, 0, 128, device="cuda", dtype=torch.float16)
+    dk, dv = torch.empty_like(kv), torch.empty_like(kv)
+    launch_backward(q, kv, kv, o, lse, q, g[0], dk, dv, False, 0.1, version="v6")
+    assert (g[0] == 0).all()
