@@ -18,8 +18,7 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                v3 backward_v3.py  one pass: five products per tile pair, dQ added in bulk (TMA reduce); autotuned
                v4 backward_v4.py  v3 with its descriptors made on the host, not in every program; autotuned
                v5 backward_v5.py  v2 with the variants' branches; GQA's dK/dV summed over the group in one program
-               v6 backward_v6.py  v4's algorithm with forward v6's warp specialisation (Gluon, sm_90, D = 128);
-                                  run when forced
+               v6 backward_v6.py  v4's algorithm with forward v6's warp specialisation (Gluon, sm_90, D = 128)
                                   (no atomics); dropout's mask regenerated; descriptor loads on Hopper;
                                   flashlab.variants runs it
 

@@ -32,7 +32,8 @@ Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split 
 backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x
 cuDNN).  Measured: docs/BENCHMARKS.md.
 
-Hopper only (sm_90), fp16/bf16, D = 128; no interpreter (Gluon has none).
+Hopper only (sm_90), fp16/bf16, D = 128; no interpreter (Gluon has none).  The plan runs it there from the 2048
+bucket on (plan.choose_versions).
 """
 from __future__ import annotations
 

@@ -374,6 +374,10 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       the backward is v2, which is.  And only from ONE_PASS_MIN_ROWS K/V rows (``rows`` = B * H * Nk)
       on: a small problem (the README demo's B 1, H 16 at N = 2048) measured faster with v2.
 
+    * backward v6 (v4's one pass with forward v6's warp specialisation, in Gluon) instead of v4 or v2 where
+      :func:`v6_runs` allows, from the 2048 bucket on, both causal modes, unless deterministic or small: it measured
+      1.16-1.25x v4 and 1.04-1.09x v2 causal (docs/BENCHMARKS.md, 2026-12-03).
+
     A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
     covers them: forward v4 and backward v5, whose hand-picked tiles are forward v2's and backward v2's.
 
@@ -421,6 +425,11 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     else:
         bwd, bwhy = "v2", (f"D = {head_dim}{' causal' if causal else ''}: the one-pass kernel "
                            + ("spills registers there" if head_dim == 128 else "was not measured faster"))
+    if (hopper and long_enough and not deterministic and not small and bwd in ("v2", "v4")
+            and v6_runs(dtype, head_dim, facts) is None):
+        bwd, bwhy = "v6", (f"Hopper (sm_90), D = 128, length bucket >= {V3_FROM}: backward v4's one pass with "
+                           "FlashAttention-3's warp specialisation in Gluon (measured 1.16-1.27x v4 non-causal and "
+                           "1.06-1.09x v2 causal, docs/BENCHMARKS.md 2026-12-03)")
     if bucket is not None and bucket < 1024 and causal is False:
         return ({"fwd": "v1", "bwd": bwd},
                 {"fwd": "short, non-causal: v1's masks cost less than v2's second loop copy (1.07-1.11x)",
