@@ -117,7 +117,7 @@ if AVAILABLE:
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
         off_b, off_h, n0, m_lo, n_iter, first = coords
-        Nq, Nk, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh, stride_lm, H = sizes
+        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
         LSE, Delta, DK, DV = ptrs
         qk_scale, sm_scale = scales
         dtype: gl.constexpr = q_desc.dtype
@@ -199,21 +199,21 @@ if AVAILABLE:
 
         kd = n0 + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_d))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_d))
-        off = (off_b.to(gl.int64) * stride_kb + off_h.to(gl.int64) * stride_kh
-               + kd[:, None].to(gl.int64) * stride_kn + offs_d[None, :])
+        off = (off_b.to(gl.int64) * stride_db + off_h.to(gl.int64) * stride_dh
+               + kd[:, None].to(gl.int64) * stride_dn + offs_d[None, :])
         ok = (kd < Nk)[:, None]
         gl.store(DK + off, (dk * sm_scale).to(dtype), mask=ok)
         gl.store(DV + off, dv.to(dtype), mask=ok)
 
     @gluon.jit
     def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV,
-                            stride_kb, stride_kh, stride_kn, stride_lb, stride_lh, stride_lm,
+                            stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm,
                             H, Nq, Nk, sm_scale, qk_scale,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             SPREAD: gl.constexpr = True):
         """One program: BLOCK_N = 128 keys of one (batch, head); a 1-D grid of K tiles x B * H, the tile index
-        fastest.  dK and dV are written with K's strides (the launcher makes them alike).  SPREAD: each program
+        fastest.  dK and dV are written with dK's strides (the launcher makes dV's alike).  SPREAD: each program
         walks its Q tiles from its own, wrapping (backward v3's spread: the programs of a head do not all add into
         the same dQ rows at once)."""
         n_n = gl.cdiv(Nk, BLOCK_N)
@@ -259,7 +259,7 @@ if AVAILABLE:
         bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem)
         bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free)
         coords = (off_b, off_h, n0, m_lo, n_iter, first)
-        sizes = (Nq, Nk, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh, stride_lm, H)
+        sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H)
         ptrs = (LSE, Delta, DK, DV)
         scales = (qk_scale, sm_scale)
         gl.warp_specialize([
@@ -326,17 +326,20 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
         return
     delta = backward.preprocess(plan, o, do, runners)
     dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
-    same = dk.stride() == k.stride() and dv.stride() == k.stride()
-    dk_out, dv_out = (dk, dv) if same else (torch.empty_like(k), torch.empty_like(k))
+    # the kernel writes dK and dV with one set of strides, the last 1
+    dk_out = dk if dk.stride(-1) == 1 else torch.empty(dk.shape, device=dk.device, dtype=dk.dtype)
+    dv_out = dv if dv.stride() == dk_out.stride() else torch.empty_like(dk_out)
     grid = tiles.grid_1d(-(-plan.Nk // cfg.block_n), plan.B * plan.H)
     flash_bwd_kernel_v6[grid](
         _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
         _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
-        *k.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E,
+        *dk_out.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E,
         CAUSAL=plan.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
         STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cfg.num_warps, maxnreg=MAXNREG)
-    if not same:
-        dk.copy_(dk_out), dv.copy_(dv_out)
+    if dk_out is not dk:
+        dk.copy_(dk_out)
+    if dv_out is not dv:
+        dv.copy_(dv_out)
     if not step.verified:
         step.fell_back(cfg, [])
     torch.mul(dq_acc, scale, out=dq)
