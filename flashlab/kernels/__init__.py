@@ -204,5 +204,5 @@ def version_op(fwd_version=None, bwd_version=None, fwd_cfg=None, bwd_cfg=None):
             return (*grads, None, None)
 
     def fn(q, k, v, causal, scale=None):
-        return Op.apply(q, k, v, causal, 1 / math.sqrt(q.shape[-1]) if scale is None else scale)
+        return Op.apply(q, k, v, causal, q.shape[-1] ** -0.5 if scale is None else scale)
     return fn
