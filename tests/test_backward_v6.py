@@ -58,13 +58,14 @@ print(json.dumps(dict(warps=k.metadata.num_warps, shared=k.metadata.shared,
 @pytest.mark.parametrize("causal", [False, True])
 def test_v6_backward_compiles_for_sm90(causal):
     """What a CPU machine can check of it: this Triton takes its partitions, barriers, TMA copies and adds and
-    wgmmas (32 a consumer: S^T and dP^T 8 each, dV and dK 4 each, dQ 8), it fits in an H200's shared memory,
-    and nothing spills to local memory."""
+    wgmmas (32 a consumer's loop: S^T and dP^T 8 each, dV and dK 4 each, dQ 8; causal, two loops: the diagonal's
+    and the rest), it fits in an H200's shared memory, and its PTX uses no local memory (ptxas may still spill
+    a few registers: see backward_v6's docstring)."""
     got = compile_in_child(COMPILE, causal)
     assert got["warps"] == 12
     assert got["shared"] <= H200.shared_memory
     assert got["producer_gives_back"] and got["tma_loads"] and got["tma_adds"] and not got["spills"]
-    assert got["wgmma"] == 2 * 32
+    assert got["wgmma"] == 2 * 32 * (2 if causal else 1)
 
 
 sm90 = pytest.mark.skipif(not (device.DEVICE.type == "cuda" and P.device_facts().sm90 and backward_v6.AVAILABLE),

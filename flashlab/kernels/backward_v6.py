@@ -64,7 +64,7 @@ ONLY_ON = "sm_90"
 
 
 if AVAILABLE:
-    from .forward_v6 import _tma_load
+    from .forward_v6 import _longest_first, _tma_load
 
     if hasattr(tma, "async_atomic_add"):          # Triton >= 3.7
         @gluon.jit
@@ -111,15 +111,15 @@ if AVAILABLE:
             _tma_load(do_desc, [off_b, off_h, row, 0], do_ready.index(st), do_smem.index(st))
 
     @gluon.jit
-    def _consumer_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                            CAUSAL: gl.constexpr, WG: gl.constexpr):
-        """A consumer warpgroup: keys n0 + 64 WG ... + 63; dK, dV for them, dQ's columns 64 WG ... + 63."""
+    def _consumer_steps(lo, hi, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta, qk_scale,
+                        MASK: gl.constexpr, WG: gl.constexpr):
+        """Q tiles lo ... hi - 1 of this program's walk: dK_w, dV_w updated and returned, dQ's share added.
+        MASK (causal, the tiles on the diagonal only): a loop of its own, so that the other tiles' loop carries
+        no mask (its indices cost registers, and registers here are short: a causal loop with them spilled)."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
         off_b, off_h, n0, m_lo, n_iter, first = coords
         Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
-        LSE, Delta, DK, DV = ptrs
-        qk_scale, sm_scale = scales
         dtype: gl.constexpr = q_desc.dtype
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -134,7 +134,6 @@ if AVAILABLE:
         row_l: gl.constexpr = gl.SliceLayout(0, mma_s)        # along S^T's columns: the Q tile's rows
         key_l: gl.constexpr = gl.SliceLayout(1, mma_s)        # along S^T's rows: this warpgroup's keys
 
-        keys = n0 + WG * HALF + gl.arange(0, HALF, layout=key_l)
         offs_m = gl.arange(0, BLOCK_M, layout=row_l)
         lse_base = LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
         delta_base = Delta + (off_b * H + off_h).to(gl.int64) * Nq
@@ -144,12 +143,8 @@ if AVAILABLE:
         k_cols = k_all.slice(WG * HALF, HALF, dim=1)           # all keys, this warpgroup's dQ columns (128 x 64)
         stage = dq_smem.index(WG)
         zero_s = gl.zeros([HALF, BLOCK_M], dtype=gl.float32, layout=mma_s)
-        dk = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
-        dv = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
-        mask_until = n0 + BLOCK_N                                # Q tiles from here on see all of this tile's keys
 
-        mbarrier.wait(kv_bar, 0)
-        for it in range(n_iter):
+        for it in range(lo, hi):
             st = it % STAGES
             ph = (it // STAGES) & 1
             b = it % 2
@@ -167,9 +162,9 @@ if AVAILABLE:
             mbarrier.wait(do_ready.index(st), ph)
             dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))                     # S^T done; dP^T in flight
-            if CAUSAL:
-                if row0 < mask_until:
-                    s_t = gl.where(keys[:, None] <= rows[None, :], s_t, float("-inf"))
+            if MASK:
+                keys = n0 + WG * HALF + gl.arange(0, HALF, layout=key_l)
+                s_t = gl.where(keys[:, None] <= rows[None, :], s_t, float("-inf"))
             p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))  # P^T <= 1 (keys past Nk too)
             p16 = gl.convert_layout(p_t.to(dtype), a_op)
             dv_tok = warpgroup_mma(p16, do_s, dv, is_async=True)             # dV_w += P^T dO_i
@@ -195,6 +190,35 @@ if AVAILABLE:
             fence_async_shared()
             _sync()
             _tma_add(dq_desc, [off_b, off_h, row0, WG * HALF], stage)     # dQacc_i[:, cols] += dS K_j[:, cols]
+        return dk, dv
+
+    @gluon.jit
+    def _consumer_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+                            CAUSAL: gl.constexpr, WG: gl.constexpr):
+        """A consumer warpgroup: keys n0 + 64 WG ... + 63; dK, dV for them, dQ's columns 64 WG ... + 63."""
+        kv_bar = bars[0]
+        off_b, off_h, n0, m_lo, n_iter, first = coords
+        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
+        LSE, Delta, DK, DV = ptrs
+        qk_scale, sm_scale = scales
+        dtype: gl.constexpr = q_desc.dtype
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+        HALF: gl.constexpr = 64
+        mma_d: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+        dk = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
+        dv = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
+
+        mbarrier.wait(kv_bar, 0)
+        if CAUSAL:   # the kernel starts causal programs at their first Q tile: the two on the diagonal come first
+            n_diag = gl.minimum(n_iter, 2)
+            dk, dv = _consumer_steps(0, n_diag, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta,
+                                     qk_scale, True, WG)
+            dk, dv = _consumer_steps(n_diag, n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta,
+                                     qk_scale, False, WG)
+        else:
+            dk, dv = _consumer_steps(0, n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta,
+                                     qk_scale, False, WG)
         tma.store_wait(0)
 
         kd = n0 + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_d))
@@ -208,18 +232,22 @@ if AVAILABLE:
     @gluon.jit
     def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV,
                             stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm,
-                            H, Nq, Nk, sm_scale, qk_scale,
+                            H, Nq, Nk, sm_scale, qk_scale, GROUP,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             SPREAD: gl.constexpr = True):
         """One program: BLOCK_N = 128 keys of one (batch, head); a 1-D grid of K tiles x B * H, the tile index
         fastest.  dK and dV are written with dK's strides (the launcher makes dV's alike).  SPREAD: each program
         walks its Q tiles from its own, wrapping (backward v3's spread: the programs of a head do not all add into
-        the same dQ rows at once)."""
+        the same dQ rows at once).  Causal, the first K tiles (the most Q tiles) first over sections of GROUP heads
+        (forward v6's _longest_first)."""
         n_n = gl.cdiv(Nk, BLOCK_N)
         pid = gl.program_id(0)
-        start_n = pid % n_n
-        bh = pid // n_n
+        if CAUSAL:
+            start_n, bh = _longest_first(pid, n_n, gl.num_programs(0) // n_n, GROUP)
+        else:
+            start_n = pid % n_n
+            bh = pid // n_n
         off_b = bh // H
         off_h = bh % H
         n0 = start_n * BLOCK_N
@@ -229,7 +257,7 @@ if AVAILABLE:
             m_lo = gl.minimum(n0 // BLOCK_M, n_q)                        # the first Q tile that sees these keys
         n_iter = n_q - m_lo
         first = pid * 0
-        if SPREAD:
+        if SPREAD and not CAUSAL:   # causal programs start at their diagonal, already each at its own Q tile
             first = start_n % gl.maximum(n_iter, 1)                      # each program starts at its own Q tile
 
         dtype: gl.constexpr = q_desc.dtype
@@ -329,11 +357,13 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     # the kernel writes dK and dV with one set of strides, the last 1
     dk_out = dk if dk.stride(-1) == 1 else torch.empty(dk.shape, device=dk.device, dtype=dk.dtype)
     dv_out = dv if dv.stride() == dk_out.stride() else torch.empty_like(dk_out)
-    grid = tiles.grid_1d(-(-plan.Nk // cfg.block_n), plan.B * plan.H)
+    n_n = -(-plan.Nk // cfg.block_n)
+    grid = tiles.grid_1d(n_n, plan.B * plan.H)
+    group = tiles.head_group(plan, n_n)         # causal: longest first, by sections of heads
     flash_bwd_kernel_v6[grid](
         _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
         _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
-        *dk_out.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E,
+        *dk_out.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, group,
         CAUSAL=plan.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
         STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cfg.num_warps, maxnreg=MAXNREG)
     if dk_out is not dk:

@@ -169,20 +169,36 @@ if AVAILABLE:
                  mask=row_ok)
 
     @gluon.jit
+    def _longest_first(pid, n_tiles, BH, GROUP):
+        """A causal grid's program -> (rank, bh), rank 0 the tile with the most work.  The heads go in sections of
+        GROUP; a section runs every head's rank-0 tile, then every rank 1, and so on: the longest-processing-time
+        order, so the last programs of a section (and of the grid) are short ones and no multiprocessor is left with
+        a long tile while the others idle; and the programs running together read at most about GROUP heads'
+        tensors, which stay in L2 (tiles.head_group picks GROUP)."""
+        per = GROUP * n_tiles
+        sec = pid // per
+        heads = gl.minimum(GROUP, BH - sec * GROUP)
+        r = pid - sec * per
+        return r // heads, sec * GROUP + r % heads
+
+    @gluon.jit
     def flash_fwd_kernel_v6(q_desc, k_desc, v_desc, O, LSE,
                             stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
-                            H, Nq, Nk, qk_scale,
+                            H, Nq, Nk, qk_scale, GROUP,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
         """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
-        fastest (common.program_tile's order: programs launched together share K and V in L2)."""
+        fastest (common.program_tile's order: programs launched together share K and V in L2); causal, the
+        longest rows first over sections of GROUP heads (_longest_first)."""
         HALF: gl.constexpr = BLOCK_M // 2
         n_m = gl.cdiv(Nq, BLOCK_M)
         pid = gl.program_id(0)
-        start_m = pid % n_m
         if CAUSAL:
-            start_m = n_m - 1 - start_m                                  # the longest rows first
-        bh = pid // n_m
+            rank, bh = _longest_first(pid, n_m, gl.num_programs(0) // n_m, GROUP)
+            start_m = n_m - 1 - rank                                     # the last Q tile sees the most keys
+        else:
+            start_m = pid % n_m
+            bh = pid // n_m
         off_b = bh // H
         off_h = bh % H
         row0 = start_m * BLOCK_M
@@ -264,13 +280,14 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
         o.zero_()
         lse.fill_(float("-inf"))
         return
+    group = tiles.head_group(plan, -(-plan.Nq // cfg.block_m))     # causal: longest first, by sections of heads
     errors = []
     for cand in (cfg,) + tuple(step.fallbacks):     # 3 stages, then 2 if a GPU's shared memory is short
         try:
             grid = tiles.grid_1d(-(-plan.Nq // cand.block_m), plan.B * plan.H)
             flash_fwd_kernel_v6[grid](
                 _descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
-                o, lse, *o.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale * LOG2E,
+                o, lse, *o.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale * LOG2E, group,
                 CAUSAL=plan.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
                 STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cand.num_warps, maxnreg=MAXNREG)
             if cand != cfg or not step.verified:

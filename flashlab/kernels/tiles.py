@@ -107,6 +107,26 @@ def grid_1d(n_tiles: int, bh: int) -> tuple:
     return (n,)
 
 
+HEAD_GROUP = None       # a fixed head_group (timing scripts compare them); None: the rule below
+
+
+def head_group(plan, n_tiles: int) -> int:
+    """Causal grids of forward and backward v6 run their tiles longest first over sections of this many heads:
+    about one wave of programs (the multiprocessors over the tiles of a head), and at least two heads.
+
+    Longest first because a causal tile's work grows along the sequence (from 1 to N / 128 key tiles): in
+    launch order a head's longest tiles came together, and when the grid's last head started them the other
+    multiprocessors soon had nothing left to run.  Sections because the programs running together then read
+    only the section's heads, which stay in L2.  Timed on the H200 (16k tokens, H 16, D 128, causal; sections of
+    1 head are the launch order before): at N = 4096, 4 heads beat 1, 2, 9 and all 64 (backward +6-9 %, forward
+    +2-10 % over 1); at N = 16384, 2 beat 1, 3, 4 and all 16 (+3-4 %); all heads together lost 5-8 %, the
+    sections' L2 lost (docs/BENCHMARKS.md, 2026-12-03)."""
+    bh = plan.B * plan.H
+    if HEAD_GROUP is not None:
+        return max(1, min(bh, HEAD_GROUP))
+    return max(1, min(bh, max(2, round((plan.facts.sms or 132) / max(n_tiles, 1)))))
+
+
 def n_key(nq: int, nk: int) -> int:
     """Autotuning bucket: the next power of two of the longer sequence (at least 256)."""
     return max(256, 1 << (max(nq, nk) - 1).bit_length())
