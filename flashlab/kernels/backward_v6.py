@@ -48,7 +48,6 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.language._core import builtin as _builtin
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton._C.libtriton import ir as _ir
     AVAILABLE = hasattr(gl, "warp_specialize")
 except Exception:  # noqa: BLE001  # pragma: no cover - Triton before Gluon
@@ -64,7 +63,7 @@ ONLY_ON = "sm_90"
 
 
 if AVAILABLE:
-    from .forward_v6 import _longest_first, _tma_load
+    from .forward_v6 import _descriptor, _longest_first, _tma_load
 
     if hasattr(tma, "async_atomic_add"):          # Triton >= 3.7
         @gluon.jit
@@ -334,12 +333,6 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 2):
     fn, sig, consts = _sig(dtype, causal, stages)
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
-
-
-def _descriptor(t, rows: int, cols: int | None = None):
-    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[t.dtype]
-    block = [1, 1, rows, cols or t.shape[-1]]
-    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
 
 def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):

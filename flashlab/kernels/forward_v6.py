@@ -29,6 +29,8 @@ none), so the plan runs it only on such a GPU and the tests that run it need one
 """
 from __future__ import annotations
 
+import torch
+
 from . import tiles
 from .tiles import C
 
@@ -190,7 +192,6 @@ if AVAILABLE:
         """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
         fastest (common.program_tile's order: programs launched together share K and V in L2); causal, the
         longest rows first over sections of GROUP heads (_longest_first)."""
-        HALF: gl.constexpr = BLOCK_M // 2
         n_m = gl.cdiv(Nq, BLOCK_M)
         pid = gl.program_id(0)
         if CAUSAL:
@@ -263,9 +264,10 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3):
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
 
 
-def _descriptor(t, rows: int):
-    gdt = gl.float16 if str(t.dtype) == "torch.float16" else gl.bfloat16
-    block = [1, 1, rows, t.shape[-1]]
+def _descriptor(t, rows: int, cols: int | None = None):
+    """A TMA descriptor over the whole (B, H, N, D) tensor, blocks of rows x cols (default: all of D)."""
+    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[t.dtype]
+    block = [1, 1, rows, cols or t.shape[-1]]
     return GluonDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
 
