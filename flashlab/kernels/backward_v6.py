@@ -26,7 +26,11 @@ buffer by the TMA unit) as FlashAttention-3 does on Hopper:
 
 Rows past N load as zeros and their adds are dropped (4-D TMA over (B, H, N, D)); P^T's exponent is
 clamped at 0 as in v3 (keys past Nk); causal programs start at the first Q tile that sees their keys
-and mask only the two tiles on the diagonal.
+and mask only the two tiles on the diagonal, in a loop of their own: with the mask in the one loop,
+ptxas spilled its indices to local memory on every Q tile (cuobjdump of the sm_90 build, triton 3.6: 828
+instructions a tile with 30 local stores and 34 loads; the loop without the mask, 665 with 9 and 13, as the
+non-causal loop; a consumer's 240 registers hold dK and dV, 128 of them, beside S^T and dP^T).
+Causal grids run longest first by sections of heads (tiles.head_group).
 
 Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
 backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x

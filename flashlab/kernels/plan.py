@@ -428,8 +428,8 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     if (hopper and long_enough and not deterministic and not small and bwd in ("v2", "v4")
             and v6_runs(dtype, head_dim, facts) is None):
         bwd, bwhy = "v6", (f"Hopper (sm_90), D = 128, length bucket >= {V3_FROM}: backward v4's one pass with "
-                           "FlashAttention-3's warp specialisation in Gluon (measured 1.16-1.27x v4 non-causal and "
-                           "1.06-1.09x v2 causal, docs/BENCHMARKS.md 2026-12-03)")
+                           "FlashAttention-3's warp specialisation in Gluon (measured 1.16-1.25x v4; 0.88-0.91x cuDNN at "
+                           "N >= 4096, both causal modes, docs/BENCHMARKS.md 2026-12-03)")
     if bucket is not None and bucket < 1024 and causal is False:
         return ({"fwd": "v1", "bwd": bwd},
                 {"fwd": "short, non-causal: v1's masks cost less than v2's second loop copy (1.07-1.11x)",

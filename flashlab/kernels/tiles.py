@@ -120,7 +120,9 @@ def head_group(plan, n_tiles: int) -> int:
     only the section's heads, which stay in L2.  Timed on the H200 (16k tokens, H 16, D 128, causal; sections of
     1 head are the launch order before): at N = 4096, 4 heads beat 1, 2, 9 and all 64 (backward +6-8 %, forward
     +2-10 % over 1); at N = 16384, 2 beat 1, 3, 4 and all 16 (backward +4 %, forward +0-2 %); all heads in one
-    section lost 1-8 % to 1 (docs/BENCHMARKS.md, 2026-12-03)."""
+    section lost 1-8 % to 1.  Once backward v6's diagonal had a loop of its own (+17-19 % by itself), the
+    sections gave the backward +0-2 % at N = 4096 and nothing measurable at 16384 (docs/BENCHMARKS.md,
+    2026-12-03)."""
     bh = plan.B * plan.H
     if HEAD_GROUP is not None:
         return max(1, min(bh, HEAD_GROUP))
