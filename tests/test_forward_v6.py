@@ -119,8 +119,60 @@ def test_v6_compiles_for_sm90(causal):
     assert got["producer_gives_back"] and got["wgmma"] and got["tma"]
 
 
+COMPILE_FP8 = """
+import json, sys
+from flashlab.kernels import forward_v6
+k = forward_v6.compile_sm90(causal=sys.argv[1] == "1", dtype="fp8e4nv", stages=5)
+ptx = k.asm["ptx"]
+print(json.dumps(dict(warps=k.metadata.num_warps, shared=k.metadata.shared,
+                      e4m3_wgmma=sum("wgmma.mma_async" in l and "e4m3.e4m3" in l for l in ptx.splitlines()),
+                      wgmma=ptx.count("wgmma.mma_async"))))
+"""
+
+
+@needs_gluon
+@pytest.mark.parametrize("causal", [False, True])
+def test_v6_fp8_compiles_for_sm90(causal):
+    """The FP8 forward on v6's schedule (forward_v6.launch_fp8: e4m3 Q, K, V^T, P through shared memory) compiles
+    for sm_90 with every product in e4m3 (K steps of 32: 4 wgmmas a product; 2 products, each written twice, for
+    the first key tile and in the loop; 2 consumers) and fits at 5 stages."""
+    got = compile_in_child(COMPILE_FP8, causal)
+    assert got["warps"] == 12
+    assert got["shared"] <= H200.shared_memory
+    assert got["wgmma"] == 2 * 2 * 4 * 2 and got["e4m3_wgmma"] == got["wgmma"]
+
+
 sm90 = pytest.mark.skipif(not (device.DEVICE.type == "cuda" and P.device_facts().sm90 and forward_v6.AVAILABLE),
                           reason="needs an sm_90 GPU (H100, H200) and Gluon")
+
+
+@sm90
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 3, 1000, 1008), (1, 4, 2, 1900, 704)])
+def test_gpu_v6_fp8_matches_float64(shape, causal):
+    """launch_fp8 against float64 attention of the dequantised inputs it was given (ragged, Nq != Nk, GQA, logits
+    x 4): no worse than the FP8 `tl` kernel on the same inputs (both round P to e4m3)."""
+    from flashlab.fp8 import dequantize_fp8, flash_attention_fp8, quantize_fp8
+    B, H, Hkv, nq, nk = shape
+    torch.manual_seed(0)
+    q = 4 * torch.randn(B, H, nq, 128, device="cuda", dtype=torch.bfloat16)
+    k = 2 * torch.randn(B, Hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, Hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
+    (q8, qs), (k8, ks), (vt8, vs) = quantize_fp8(q), quantize_fp8(k), quantize_fp8(v, transpose=True)
+    o = torch.empty(B, H, nq, 128, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(B, H, nq, device="cuda")
+    forward_v6.launch_fp8(q8, k8, vt8, o, lse, 128 ** -0.5, qs, ks, vs, causal)
+    qd, kd = dequantize_fp8(q8, qs), dequantize_fp8(k8, ks).repeat_interleave(H // Hkv, 1)
+    vd = dequantize_fp8(vt8, vs, transposed=True).repeat_interleave(H // Hkv, 1)
+    s = (qd @ kd.transpose(-1, -2)) * 128 ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(nq, nk, dtype=torch.bool, device="cuda").triu(1), float("-inf"))
+    ref = torch.softmax(s, -1) @ vd
+    o_tl, lse_tl = flash_attention_fp8(q8, k8, vt8, qs, ks, vs, causal, return_lse=True)
+    err, err_tl = ((x.double() - ref).abs().max().item() for x in (o, o_tl))
+    assert torch.isfinite(o).all() and err <= 1.5 * err_tl + 1e-3, (err, err_tl)
+    lerr, lerr_tl = ((x.double() - torch.logsumexp(s, -1)).abs().max().item() for x in (lse, lse_tl))
+    assert lerr <= 1.5 * lerr_tl + 1e-3, (lerr, lerr_tl)
 
 
 def _v6(q, k, v, causal, scale):

@@ -67,7 +67,7 @@ ONLY_ON = "sm_90"
 
 
 if AVAILABLE:
-    from .forward_v6 import _descriptor, _longest_first, _tma_load
+    from .forward_v6 import _descriptor, _longest_first, _sync, _tma_load
 
     if hasattr(tma, "async_atomic_add"):          # Triton >= 3.7
         @gluon.jit
@@ -82,15 +82,6 @@ if AVAILABLE:
         @gluon.jit
         def _tma_add(desc, coord, src):
             _tma_add_op(desc, coord, src)
-
-    if hasattr(gl, "barrier"):                   # Triton >= 3.7 names the partition's barrier gl.barrier
-        @gluon.jit
-        def _sync():
-            gl.barrier()
-    else:
-        @gluon.jit
-        def _sync():
-            gl.thread_barrier()
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,

@@ -26,6 +26,14 @@ the same 128 x 128 tiles, which would put the forward at cuDNN's level.  Measure
 
 Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; no interpreter (Gluon has
 none), so the plan runs it only on such a GPU and the tests that run it need one.
+
+FP8 (``launch_fp8``, the constexpr FP8; scripts call it, the plan does not): e4m3 Q, K and V^T with one scale
+per (batch, head), GQA, the FP8 `tl` kernel's algorithm (forward_fp8.py) on this schedule.  An e4m3 product's
+operands must have their K dimension contiguous (hence V^T), and an 8-bit register operand cannot be kept
+alive through a wgmma wait in this Triton, so P8 goes through a 64 x 128 shared tile per consumer.
+Predicted: 1.3x the bf16 v6 forward.  Measured (H200, N 4k-16k): 1.17-1.22x it, within 1 % of the `tl` FP8
+kernel non-causal and causal at 16k (+7 % causal at 4k): P's trip through shared memory costs what the schedule
+gains; not adopted (docs/BENCHMARKS.md, 2026-12-03).
 """
 from __future__ import annotations
 
@@ -66,13 +74,23 @@ if AVAILABLE:
         def _tma_load(desc, coord, bar, dst):
             tma.async_copy_global_to_shared(desc, coord, bar, dst)
 
+    if hasattr(gl, "barrier"):                   # Triton >= 3.7 names the partition's barrier gl.barrier
+        @gluon.jit
+        def _sync():
+            gl.barrier()
+    else:
+        @gluon.jit
+        def _sync():
+            gl.thread_barrier()
+
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale,
-                        CAUSAL: gl.constexpr, WG: gl.constexpr):
-        """The producer (1 warp): Q's two halves once, then K_j, V_j into stage j % STAGES when it is empty."""
-        q_smem, k_smem, v_smem = bufs
+    def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
+                        CAUSAL: gl.constexpr, FP8: gl.constexpr, WG: gl.constexpr):
+        """The producer (1 warp): Q's two halves once, then K_j, V_j (FP8: V_j^T) into stage j % STAGES when it
+        is empty."""
+        q_smem, k_smem, v_smem, p_all = bufs
         q_bar, k_ready, v_ready, kv_empty = bars
-        off_b, off_h, row0, n_tiles = coords
+        off_b, off_h, off_kv, row0, n_tiles = coords
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         HALF: gl.constexpr = q_smem.type.shape[3]
@@ -83,9 +101,12 @@ if AVAILABLE:
             st = j % STAGES
             mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [off_b, off_h, j * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
+            _tma_load(k_desc, [off_b, off_kv, j * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
             mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [off_b, off_h, j * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
+            if FP8:     # V^T (B, H_kv, D, Nk): an e4m3 product's B operand must have its K dimension contiguous
+                _tma_load(v_desc, [off_b, off_kv, 0, j * BLOCK_N], v_ready.index(st), v_smem.index(st))
+            else:
+                _tma_load(v_desc, [off_b, off_kv, j * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
 
     @gluon.jit
     def _masked(s, j, first_row, Nk, BLOCK_N: gl.constexpr, HALF: gl.constexpr, CAUSAL: gl.constexpr,
@@ -98,12 +119,24 @@ if AVAILABLE:
         return gl.where(cols[None, :] < Nk, s, float("-inf"))
 
     @gluon.jit
-    def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale,
-                            CAUSAL: gl.constexpr, WG: gl.constexpr):
-        """A consumer warpgroup: rows row0 + WG * 64 ... + 63 of the tile, online softmax with overlapped wgmmas."""
-        q_smem, k_smem, v_smem = bufs
+    def _v_operand(v_smem, st, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, FP8: gl.constexpr):
+        """V_j as P V_j's B operand (BLOCK_N x D): the tile itself, or FP8's V_j^T tile read transposed."""
+        if FP8:
+            return v_smem.index(st).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
+        else:
+            return v_smem.index(st).reshape([BLOCK_N, HEAD_DIM])
+
+    @gluon.jit
+    def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
+                            CAUSAL: gl.constexpr, FP8: gl.constexpr, WG: gl.constexpr):
+        """A consumer warpgroup: rows row0 + WG * 64 ... + 63 of the tile, online softmax with overlapped wgmmas.
+        FP8: Q, K, V^T in e4m3 with one float32 scale per (batch, head); P rounded to e4m3 for P V (its row sums
+        taken before) through this warpgroup's P tile in shared memory; the scales applied to the scores' exponent
+        and to O."""
+        q_smem, k_smem, v_smem, p_all = bufs
+        p_smem = p_all.index(WG)
         q_bar, k_ready, v_ready, kv_empty = bars
-        off_b, off_h, row0, n_tiles = coords
+        off_b, off_h, off_kv, row0, n_tiles = coords
         Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm = sizes
         dtype: gl.constexpr = q_desc.dtype
         STAGES: gl.constexpr = k_smem.type.shape[0]
@@ -111,8 +144,14 @@ if AVAILABLE:
         HEAD_DIM: gl.constexpr = k_smem.type.shape[4]
         HALF: gl.constexpr = q_smem.type.shape[3]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, HEAD_DIM, 16])
+                                                      instr_shape=[16, HEAD_DIM, 16 + 16 * FP8])
         p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        v_scale = 1.0
+        if FP8:   # S = (Q8 K8^T) s_q s_k: the descale joins the exponent's scale; O's joins 1 / l
+            QS, KS, VS, stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh = descale
+            qk_scale = qk_scale * gl.load(QS + off_b * stride_qsb + off_h * stride_qsh) \
+                * gl.load(KS + off_b * stride_ksb + off_kv * stride_ksh)
+            v_scale = gl.load(VS + off_b * stride_vsb + off_kv * stride_vsh)
         first_row = row0 + WG * HALF
         # key tiles 0 ... full - 1 need no mask for any of this warpgroup's rows
         full = Nk // BLOCK_N
@@ -139,8 +178,14 @@ if AVAILABLE:
             s_tok = warpgroup_mma(q_s, k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero,
                                   use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            p16 = gl.convert_layout(p.to(dtype), p_op)
-            acc_tok = warpgroup_mma(p16, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            if FP8:   # an 8-bit register operand cannot be kept alive through the wait: P8 goes through shared memory
+                p_smem.store(p.to(dtype))
+                fence_async_shared()
+                _sync()
+                acc_tok = warpgroup_mma(p_smem, _v_operand(v_smem, prev, BLOCK_N, HEAD_DIM, FP8), acc, is_async=True)
+            else:
+                p16 = gl.convert_layout(p.to(dtype), p_op)
+                acc_tok = warpgroup_mma(p16, _v_operand(v_smem, prev, BLOCK_N, HEAD_DIM, FP8), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))                   # S_j done; P_{j-1} V_{j-1} in flight
             if j >= full:
                 s = _masked(s, j, first_row, Nk, BLOCK_N, HALF, CAUSAL, mma)
@@ -149,23 +194,33 @@ if AVAILABLE:
             p = gl.exp2(s * qk_scale - m_new[:, None])
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
-            acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
+            if FP8:
+                acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+            else:
+                acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
             mbarrier.arrive(kv_empty.index(prev), count=1)              # done with stage prev
             acc = acc * alpha[:, None]
         last = (n_tiles - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
-        p16 = gl.convert_layout(p.to(dtype), p_op)
-        acc_tok = warpgroup_mma(p16, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
+        if FP8:
+            p_smem.store(p.to(dtype))
+            fence_async_shared()
+            _sync()
+            acc_tok = warpgroup_mma(p_smem, _v_operand(v_smem, last, BLOCK_N, HEAD_DIM, FP8), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+        else:
+            p16 = gl.convert_layout(p.to(dtype), p_op)
+            acc_tok = warpgroup_mma(p16, _v_operand(v_smem, last, BLOCK_N, HEAD_DIM, FP8), acc, is_async=True)
+            acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
         mbarrier.arrive(kv_empty.index(last), count=1)
 
-        acc = acc / l_i[:, None]
+        acc = acc * (v_scale / l_i)[:, None]
         rows = first_row + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
         row_ok = rows < Nq
         o_ptrs = (O + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
                   + rows[:, None].to(gl.int64) * stride_om + offs_d[None, :])
-        gl.store(o_ptrs, acc.to(dtype), mask=row_ok[:, None])
+        gl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
         lse = (m_i + gl.log2(l_i)) * LN2_K                                 # natural-log LSE of the scaled scores
         gl.store(LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + rows * stride_lm, lse,
                  mask=row_ok)
@@ -184,14 +239,18 @@ if AVAILABLE:
         return r // heads, sec * GROUP + r % heads
 
     @gluon.jit
-    def flash_fwd_kernel_v6(q_desc, k_desc, v_desc, O, LSE,
+    def flash_fwd_kernel_v6(q_desc, k_desc, v_desc, O, LSE, QS, KS, VS,
                             stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
-                            H, Nq, Nk, qk_scale, GROUP,
+                            stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
+                            H, KV_GROUP, Nq, Nk, qk_scale, GROUP,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                            HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                            FP8: gl.constexpr = False):
         """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
         fastest (common.program_tile's order: programs launched together share K and V in L2); causal, the
-        longest rows first over sections of GROUP heads (_longest_first)."""
+        longest rows first over sections of GROUP heads (_longest_first).  K and V have H / KV_GROUP heads.
+        FP8: e4m3 Q, K and V^T (B, H_kv, D, Nk) with scales QS (per batch and query head), KS, VS (per batch and
+        K/V head); O in its own dtype (the bf16 / fp16 kernel passes 1 for KV_GROUP and ignores QS, KS, VS)."""
         n_m = gl.cdiv(Nq, BLOCK_M)
         pid = gl.program_id(0)
         if CAUSAL:
@@ -202,6 +261,7 @@ if AVAILABLE:
             bh = pid // n_m
         off_b = bh // H
         off_h = bh % H
+        off_kv = off_h // KV_GROUP
         row0 = start_m * BLOCK_M
         hi = Nk
         if CAUSAL:
@@ -223,14 +283,23 @@ if AVAILABLE:
             mbarrier.init(kv_empty.index(s), count=2)                   # both consumer warpgroups arrive
         fence_async_shared()
 
-        bufs = (q_smem, k_smem, v_smem)
+        if FP8:     # each consumer's P8 tile (64 x 128 e4m3, 8 KiB)
+            p_all = gl.allocate_shared_memory(dtype, [2, BLOCK_M // 2, BLOCK_N],
+                                              gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, BLOCK_N], dtype))
+        else:
+            p_all = q_smem
+        bufs = (q_smem, k_smem, v_smem, p_all)
         bars = (q_bar, k_ready, v_ready, kv_empty)
-        coords = (off_b, off_h, row0, n_tiles)
+        coords = (off_b, off_h, off_kv, row0, n_tiles)
         sizes = (Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm)
+        descale = (QS, KS, VS, stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh)
         gl.warp_specialize([
-            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, CAUSAL, 0)),
-            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, CAUSAL, 1)),
-            (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, CAUSAL, 1)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
+                                   CAUSAL, FP8, 0)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
+                                   CAUSAL, FP8, 1)),
+            (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
+                               CAUSAL, FP8, 1)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -247,18 +316,21 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
 
 def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3):
     """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only): what a machine without a
-    Hopper GPU can check of v6.  Needs compiled mode (``TRITON_INTERPRET=0``): Gluon has no interpreter."""
+    Hopper GPU can check of v6.  Needs compiled mode (``TRITON_INTERPRET=0``): Gluon has no interpreter.
+    dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
+    gdt = {"fp16": gl.float16, "bf16": gl.bfloat16, "fp8e4nv": gl.float8e4nv}[dtype]
+    fp8 = dtype == "fp8e4nv"
     fn = flash_fwd_kernel_v6
     sig = {n: "i32" for n in fn.arg_names}
     for name, rows in (("q_desc", 64), ("k_desc", 128), ("v_desc", 128)):
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gdt)
         sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, 128],{layout!r}>"
-    sig.update(O=f"*{dtype}", LSE="*fp32", qk_scale="fp32")
-    consts = dict(CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS)
+    sig.update(O="*bf16" if fp8 else f"*{dtype}", LSE="*fp32", QS="*fp32", KS="*fp32", VS="*fp32", qk_scale="fp32")
+    consts = dict(CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
+                  FP8=fp8)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
@@ -266,7 +338,8 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3):
 
 def _descriptor(t, rows: int, cols: int | None = None):
     """A TMA descriptor over the whole (B, H, N, D) tensor, blocks of rows x cols (default: all of D)."""
-    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[t.dtype]
+    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
+           torch.float8_e4m3fn: gl.float8e4nv}[t.dtype]
     block = [1, 1, rows, cols or t.shape[-1]]
     return GluonDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
@@ -289,7 +362,8 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
             grid = tiles.grid_1d(-(-plan.Nq // cand.block_m), plan.B * plan.H)
             flash_fwd_kernel_v6[grid](
                 _descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
-                o, lse, *o.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale * LOG2E, group,
+                o, lse, lse, lse, lse, *o.stride()[:3], *lse.stride(), 0, 0, 0, 0, 0, 0,
+                plan.H, 1, plan.Nq, plan.Nk, scale * LOG2E, group,
                 CAUSAL=plan.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
                 STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cand.num_warps, maxnreg=MAXNREG)
             if cand != cfg or not step.verified:
@@ -301,3 +375,32 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
             errors.append(e)
     raise errors[-1]
 
+
+
+def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, causal: bool, stages: int = 3):
+    """The FP8 forward on v6's schedule (not yet in the plan: scripts call it).  q8 (B, H, Nq, 128), k8 (B, H_kv,
+    Nk, 128) and vt8 (B, H_kv, 128, Nk) e4m3 with TMA-able strides (Nk a multiple of 16 for V^T's rows);
+    q_scale (B, H), k_scale and v_scale (B, H_kv) float32; o (B, H, Nq, 128) bf16 / fp16; lse (B, H, Nq)."""
+    B, H, Nq, D = q8.shape
+    Nk = k8.shape[2]
+    if D != 128 or vt8.shape[2] != 128 or H % k8.shape[1]:
+        raise ValueError(f"the FP8 v6 forward takes D = 128 and H a multiple of H_kv, not {tuple(q8.shape)}, "
+                         f"{tuple(k8.shape)}")
+    if Nk == 0:
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return
+
+    class _Plan:      # what tiles.head_group reads
+        pass
+    p = _Plan()
+    p.B, p.H = B, H
+    p.facts = type("F", (), {"sms": torch.cuda.get_device_properties(q8.device).multi_processor_count})()
+    group = tiles.head_group(p, -(-Nq // 128))
+    grid = tiles.grid_1d(-(-Nq // 128), B * H)
+    flash_fwd_kernel_v6[grid](
+        _descriptor(q8, 64), _descriptor(k8, 128), _descriptor(vt8, 128, 128), o, lse, q_scale, k_scale, v_scale,
+        *o.stride()[:3], *lse.stride(), *q_scale.stride(), *k_scale.stride(), *v_scale.stride(),
+        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group,
+        CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
+        FP8=True, num_warps=4, maxnreg=MAXNREG)
