@@ -56,7 +56,8 @@ def main() -> int:
     from triton.testing import do_bench
     torch.manual_seed(0)
     fails = 0
-    for (B, H, Hkv, nq, nk) in ((1, 2, 2, 256, 256), (2, 3, 3, 1000, 1008), (1, 4, 2, 1900, 704), (1, 2, 1, 2048, 2048)):
+    for (B, H, Hkv, nq, nk) in ((1, 2, 2, 256, 256), (2, 3, 3, 1000, 1008), (1, 4, 2, 1900, 704),
+                                (1, 2, 1, 2048, 2048)):
         for causal in (False, True):
             q = 4 * torch.randn(B, H, nq, 128, device="cuda", dtype=torch.bfloat16)
             k = 2 * torch.randn(B, Hkv, nk, 128, device="cuda", dtype=torch.bfloat16)
@@ -98,7 +99,8 @@ def main() -> int:
                     print(name, "failed:", type(e).__name__, str(e)[:200], flush=True)
             rows.append(dict(N=N, causal=causal, **rates))
             print(f"N={N} causal={causal!s:<5} " + "  ".join(f"{n} {r:6.1f}" for n, r in rates.items())
-                  + (f"   v6-fp8 / bf16-op {rates['v6-fp8'] / rates['bf16-op']:.3f}" if "v6-fp8" in rates else ""),
+                  + (f"   v6-fp8 / bf16-op {rates['v6-fp8'] / rates['bf16-op']:.3f}"
+                     if "v6-fp8" in rates and "bf16-op" in rates else ""),
                   flush=True)
             if a.json:
                 json.dump(rows, open(a.json, "w"), indent=1)

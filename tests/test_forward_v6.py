@@ -151,7 +151,9 @@ sm90 = pytest.mark.skipif(not (device.DEVICE.type == "cuda" and P.device_facts()
 @pytest.mark.parametrize("shape", [(2, 3, 3, 1000, 1008), (1, 4, 2, 1900, 704)])
 def test_gpu_v6_fp8_matches_float64(shape, causal):
     """launch_fp8 against float64 attention of the dequantised inputs it was given (ragged, Nq != Nk, GQA, logits
-    x 4): no worse than the FP8 `tl` kernel on the same inputs (both round P to e4m3)."""
+    x 4): no worse than the FP8 `tl` kernel on the same inputs (both round P to e4m3), and within absolute bounds
+    (the H200 measured O errors 0.052-0.076 and LSE errors 0.010-0.020 for both kernels at these logits:
+    scripts/fp8_v6_probe.py)."""
     from flashlab.fp8 import dequantize_fp8, flash_attention_fp8, quantize_fp8
     B, H, Hkv, nq, nk = shape
     torch.manual_seed(0)
@@ -170,9 +172,27 @@ def test_gpu_v6_fp8_matches_float64(shape, causal):
     ref = torch.softmax(s, -1) @ vd
     o_tl, lse_tl = flash_attention_fp8(q8, k8, vt8, qs, ks, vs, causal, return_lse=True)
     err, err_tl = ((x.double() - ref).abs().max().item() for x in (o, o_tl))
-    assert torch.isfinite(o).all() and err <= 1.5 * err_tl + 1e-3, (err, err_tl)
+    assert torch.isfinite(o).all() and err <= 1.5 * err_tl + 1e-3 and err <= 0.15, (err, err_tl)
     lerr, lerr_tl = ((x.double() - torch.logsumexp(s, -1)).abs().max().item() for x in (lse, lse_tl))
-    assert lerr <= 1.5 * lerr_tl + 1e-3, (lerr, lerr_tl)
+    assert lerr <= 1.5 * lerr_tl + 1e-3 and lerr <= 0.05, (lerr, lerr_tl)
+
+
+def test_v6_fp8_refuses_what_it_cannot_take():
+    """launch_fp8's checks run before anything touches a GPU: a wrong dtype, a V^T of the wrong length, scales of
+    the wrong shape, keys that are not a multiple of 16."""
+    e4 = torch.float8_e4m3fn
+    q8, k8 = torch.zeros(1, 2, 64, 128, dtype=e4), torch.zeros(1, 1, 32, 128, dtype=e4)
+    vt8 = torch.zeros(1, 1, 128, 32, dtype=e4)
+    o, lse = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16), torch.empty(1, 2, 64)
+    s2, s1 = torch.ones(1, 2), torch.ones(1, 1)
+    with pytest.raises(TypeError, match="float8"):
+        forward_v6.launch_fp8(q8.to(torch.bfloat16), k8, vt8, o, lse, 1.0, s2, s1, s1, False)
+    with pytest.raises(ValueError, match="vt8"):
+        forward_v6.launch_fp8(q8, k8, vt8[..., :16], o, lse, 1.0, s2, s1, s1, False)
+    with pytest.raises(ValueError, match="k_scale"):
+        forward_v6.launch_fp8(q8, k8, vt8, o, lse, 1.0, s2, s2, s1, False)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        forward_v6.launch_fp8(q8, k8[:, :, :24], vt8[..., :24], o, lse, 1.0, s2, s1, s1, False)
 
 
 def _v6(q, k, v, causal, scale):

@@ -27,9 +27,11 @@ buffer by the TMA unit) as FlashAttention-3 does on Hopper:
 Rows past N load as zeros and their adds are dropped (4-D TMA over (B, H, N, D)); P^T's exponent is
 clamped at 0 as in v3 (keys past Nk); causal programs start at the first Q tile that sees their keys
 and mask only the two tiles on the diagonal, in a loop of their own: with the mask in the one loop,
-ptxas spilled its indices to local memory on every Q tile (cuobjdump of the sm_90 build, triton 3.6: 828
-instructions a tile with 30 local stores and 34 loads; the loop without the mask, 665 with 9 and 13, as the
-non-causal loop; a consumer's 240 registers hold dK and dV, 128 of them, beside S^T and dP^T).
+ptxas spilled its indices to local memory on every Q tile (cuobjdump of the sm_90 build, triton 3.6, what the
+H200 ran: 828 instructions a tile with 30 local stores and 34 loads; the loop without the mask, 665 with 9 and
+13, as the non-causal loop; a consumer's 240 registers hold dK and dV, 128 of them, beside S^T and dP^T).
+Triton 3.9's build spills otherwise (its loop without the mask: 0-16 stores and 43-54 loads a tile, the
+non-causal loop 3-4 and 12-31) and has not been timed.
 Causal grids run longest first by sections of heads (tiles.head_group).
 
 Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
@@ -347,7 +349,8 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     dv_out = dv if dv.stride() == dk_out.stride() else torch.empty_like(dk_out)
     n_n = -(-plan.Nk // cfg.block_n)
     grid = tiles.grid_1d(n_n, plan.B * plan.H)
-    group = tiles.head_group(plan, n_n)         # causal: longest first, by sections of heads
+    # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
+    group = tiles.head_group(plan, n_n) if plan.causal else 1
     flash_bwd_kernel_v6[grid](
         _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
         _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,

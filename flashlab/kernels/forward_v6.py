@@ -355,7 +355,8 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
         o.zero_()
         lse.fill_(float("-inf"))
         return
-    group = tiles.head_group(plan, -(-plan.Nq // cfg.block_m))     # causal: longest first, by sections of heads
+    # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
+    group = tiles.head_group(plan, -(-plan.Nq // cfg.block_m)) if plan.causal else 1
     errors = []
     for cand in (cfg,) + tuple(step.fallbacks):     # 3 stages, then 2 if a GPU's shared memory is short
         try:
@@ -382,10 +383,21 @@ def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, cau
     Nk, 128) and vt8 (B, H_kv, 128, Nk) e4m3 with TMA-able strides (Nk a multiple of 16 for V^T's rows);
     q_scale (B, H), k_scale and v_scale (B, H_kv) float32; o (B, H, Nq, 128) bf16 / fp16; lse (B, H, Nq)."""
     B, H, Nq, D = q8.shape
-    Nk = k8.shape[2]
-    if D != 128 or vt8.shape[2] != 128 or H % k8.shape[1]:
-        raise ValueError(f"the FP8 v6 forward takes D = 128 and H a multiple of H_kv, not {tuple(q8.shape)}, "
-                         f"{tuple(k8.shape)}")
+    Hkv, Nk = k8.shape[1], k8.shape[2]
+    e4m3 = torch.float8_e4m3fn
+    if (q8.dtype, k8.dtype, vt8.dtype) != (e4m3, e4m3, e4m3):
+        raise TypeError(f"q8, k8, vt8 must be {e4m3}, got {q8.dtype}, {k8.dtype}, {vt8.dtype}")
+    if D != 128 or Hkv == 0 or H % Hkv or tuple(k8.shape) != (B, Hkv, Nk, D) or tuple(vt8.shape) != (B, Hkv, D, Nk):
+        raise ValueError(f"the FP8 v6 forward takes q8 (B, H, Nq, 128), k8 (B, H_kv, Nk, 128) and vt8 (B, H_kv, 128, "
+                         f"Nk) with H a multiple of H_kv, not {tuple(q8.shape)}, {tuple(k8.shape)}, {tuple(vt8.shape)}")
+    for name, t, shape in (("q_scale", q_scale, (B, H)), ("k_scale", k_scale, (B, Hkv)),
+                           ("v_scale", v_scale, (B, Hkv))):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be a float32 tensor of shape {shape}")
+    if Nk % 16:
+        raise ValueError(f"Nk = {Nk}: V^T's rows must be a multiple of 16 bytes for its TMA copies (pad the keys)")
+    if B * H * Nq == 0:
+        return
     if Nk == 0:
         o.zero_()
         lse.fill_(float("-inf"))
@@ -396,7 +408,7 @@ def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, cau
     p = _Plan()
     p.B, p.H = B, H
     p.facts = type("F", (), {"sms": torch.cuda.get_device_properties(q8.device).multi_processor_count})()
-    group = tiles.head_group(p, -(-Nq // 128))
+    group = tiles.head_group(p, -(-Nq // 128)) if causal else 1
     grid = tiles.grid_1d(-(-Nq // 128), B * H)
     flash_fwd_kernel_v6[grid](
         _descriptor(q8, 64), _descriptor(k8, 128), _descriptor(vt8, 128, 128), o, lse, q_scale, k_scale, v_scale,
