@@ -18,6 +18,22 @@ from flashlab.kernels import version_op
 from flashlab.kernels.tiles import C
 
 
+def check_case(op, B, H, nq, nk, dtype, causal, label="") -> bool:
+    """op's forward and backward against float64 on fresh data (logits x 4, D = 128); prints a line, and the
+    checks when one fails."""
+    q, k, v = (torch.randn(B, H, n, 128, device="cuda") for n in (nq, nk, nk))
+    q, k = 4 * q, 2 * k
+    t = time.time()
+    checks = check_attention(op, q.to(dtype), k.to(dtype), v.to(dtype), causal, backward=True)
+    torch.cuda.synchronize()
+    ok = all(c.ok for c in checks)
+    print(f"{label}{B},{H},{nq},{nk} {str(dtype)[6:]} causal={causal} {'ok' if ok else 'FAIL'} {time.time() - t:.1f}s",
+          flush=True)
+    if not ok:
+        print("\n".join(map(str, checks)), flush=True)
+    return ok
+
+
 mode = sys.argv[1]
 if mode == "check":
     torch.manual_seed(0)
@@ -29,17 +45,7 @@ if mode == "check":
     for (B, H, nq, nk) in cases:
         for dtype in (torch.float16, torch.bfloat16):
             for causal in (False, True):
-                q, k, v = (torch.randn(B, H, n, 128, device="cuda") for n in (nq, nk, nk))
-                q, k = 4 * q, 2 * k
-                t = time.time()
-                checks = check_attention(version_op(None, "v6"), q.to(dtype), k.to(dtype), v.to(dtype), causal, backward=True)
-                torch.cuda.synchronize()
-                ok = all(c.ok for c in checks)
-                fails += not ok
-                print(f"{B},{H},{nq},{nk} {str(dtype)[6:]} causal={causal} {'ok' if ok else 'FAIL'} {time.time()-t:.1f}s",
-                      flush=True)
-                if not ok:
-                    print("\n".join(map(str, checks)), flush=True)
+                fails += not check_case(version_op(None, "v6"), B, H, nq, nk, dtype, causal)
     print("FAILS", fails)
 elif mode == "lpt":
     # causal grids longest first over sections of heads: check forward and backward v6 with sections that do not
@@ -53,15 +59,7 @@ elif mode == "lpt":
         for (B, H, nq, nk) in ((2, 3, 4096, 4096), (2, 3, 2050, 2050), (2, 3, 700, 1900), (2, 3, 1900, 700),
                                (1, 5, 130, 64)):
             for dtype in (torch.float16, torch.bfloat16):
-                q, k, v = (torch.randn(B, H, n, 128, device="cuda") for n in (nq, nk, nk))
-                q, k = 4 * q, 2 * k
-                checks = check_attention(op, q.to(dtype), k.to(dtype), v.to(dtype), causal, backward=True)
-                ok = all(c.ok for c in checks)
-                fails += not ok
-                print(f"group={group} {B},{H},{nq},{nk} {str(dtype)[6:]} causal={causal} {'ok' if ok else 'FAIL'}",
-                      flush=True)
-                if not ok:
-                    print("\n".join(map(str, checks)), flush=True)
+                fails += not check_case(op, B, H, nq, nk, dtype, causal, f"group={group} ")
     print("FAILS", fails, flush=True)
     rows = []
     seqs = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) > 2 else [4096, 16384]
