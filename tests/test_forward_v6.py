@@ -265,15 +265,15 @@ def test_head_group_rule():
     least 2 heads, never more than B * H; tiles.HEAD_GROUP overrides it (the timing scripts compare sizes)."""
     from flashlab.kernels import tiles
 
-    def group(B, H, N, n_tiles):
-        return tiles.head_group(P.plan(B, H, N, N, 128, torch.bfloat16, True, facts=P.H200), n_tiles)
+    def group(B, H, n_tiles):
+        return tiles.head_group(B * H, n_tiles, P.H200.sms)
     assert P.H200.sms == 132
-    assert group(4, 16, 4096, 32) == 4           # the H200's best in docs/BENCHMARKS.md, 2026-12-03
-    assert group(1, 16, 16384, 128) == 2
-    assert group(1, 1, 16384, 128) == 1          # one head: one section
-    assert group(2, 3, 1024, 8) == 6             # 16 heads would fill a wave; there are 6
+    assert group(4, 16, 32) == 4                 # N = 4096: the H200's best in docs/BENCHMARKS.md, 2026-12-03
+    assert group(1, 16, 128) == 2                # N = 16384
+    assert group(1, 1, 128) == 1                 # one head: one section
+    assert group(2, 3, 8) == 6                   # N = 1024: 16 heads would fill a wave; there are 6
     tiles.HEAD_GROUP = 5
     try:
-        assert group(4, 16, 4096, 32) == 5 and group(1, 2, 4096, 32) == 2
+        assert group(4, 16, 32) == 5 and group(1, 2, 32) == 2
     finally:
         tiles.HEAD_GROUP = None

@@ -350,7 +350,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     n_n = -(-plan.Nk // cfg.block_n)
     grid = tiles.grid_1d(n_n, plan.B * plan.H)
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
-    group = tiles.head_group(plan, n_n) if plan.causal else 1
+    group = tiles.head_group(plan.B * plan.H, n_n, plan.facts.sms) if plan.causal else 1
     flash_bwd_kernel_v6[grid](
         _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
         _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,

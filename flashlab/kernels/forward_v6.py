@@ -356,7 +356,7 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
         lse.fill_(float("-inf"))
         return
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
-    group = tiles.head_group(plan, -(-plan.Nq // cfg.block_m)) if plan.causal else 1
+    group = tiles.head_group(plan.B * plan.H, -(-plan.Nq // cfg.block_m), plan.facts.sms) if plan.causal else 1
     errors = []
     for cand in (cfg,) + tuple(step.fallbacks):     # 3 stages, then 2 if a GPU's shared memory is short
         try:
@@ -402,13 +402,8 @@ def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, cau
         o.zero_()
         lse.fill_(float("-inf"))
         return
-
-    class _Plan:      # what tiles.head_group reads
-        pass
-    p = _Plan()
-    p.B, p.H = B, H
-    p.facts = type("F", (), {"sms": torch.cuda.get_device_properties(q8.device).multi_processor_count})()
-    group = tiles.head_group(p, -(-Nq // 128)) if causal else 1
+    sms = torch.cuda.get_device_properties(q8.device).multi_processor_count
+    group = tiles.head_group(B * H, -(-Nq // 128), sms) if causal else 1
     grid = tiles.grid_1d(-(-Nq // 128), B * H)
     flash_fwd_kernel_v6[grid](
         _descriptor(q8, 64), _descriptor(k8, 128), _descriptor(vt8, 128, 128), o, lse, q_scale, k_scale, v_scale,

@@ -110,9 +110,10 @@ def grid_1d(n_tiles: int, bh: int) -> tuple:
 HEAD_GROUP = None       # a fixed head_group (timing scripts compare them); None: the rule below
 
 
-def head_group(plan, n_tiles: int) -> int:
+def head_group(bh: int, n_tiles: int, sms: int | None) -> int:
     """Causal grids of forward and backward v6 run their tiles longest first over sections of this many heads:
     about one wave of programs (the multiprocessors over the tiles of a head), and at least two heads.
+    bh: the grid's B * H; n_tiles: its tiles a head; sms: the GPU's multiprocessors (None: an H200's 132).
 
     Longest first because a causal tile's work grows along the sequence (from 1 to N / 128 key tiles): in
     launch order a head's longest tiles came together, and when the grid's last head started them the other
@@ -123,10 +124,9 @@ def head_group(plan, n_tiles: int) -> int:
     section lost 1-8 % to 1.  Once backward v6's diagonal had a loop of its own (+17-19 % by itself), the
     sections gave the backward +0-2 % at N = 4096 and nothing measurable at 16384 (docs/BENCHMARKS.md,
     2026-12-03)."""
-    bh = plan.B * plan.H
     if HEAD_GROUP is not None:
         return max(1, min(bh, HEAD_GROUP))
-    return max(1, min(bh, max(2, round((plan.facts.sms or 132) / max(n_tiles, 1)))))
+    return max(1, min(bh, max(2, round((sms or 132) / max(n_tiles, 1)))))
 
 
 def n_key(nq: int, nk: int) -> int:
