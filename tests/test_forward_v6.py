@@ -61,10 +61,10 @@ def test_forcing_v6_where_it_cannot_run_says_why():
 
 def test_forced_versions_must_implement_the_call():
     """A forced version that lacks one of the call's variant features is an error, not a silent wrong answer
-    (v6 reading a GQA call's K/V heads as if there were H of them)."""
-    with pytest.raises(ValueError, match="does not implement gqa"):
+    (v6 ignoring an ALiBi call's slopes)."""
+    with pytest.raises(ValueError, match="does not implement alibi"):
         P.plan(2, 8, 4096, 4096, 128, torch.float16, True, facts=H200, forward_version="v6",
-               variant=P.Variant(kv_groups=4))
+               variant=P.Variant(kv_groups=4, alibi=True))
     with pytest.raises(ValueError, match="backward v4 does not implement window"):
         P.plan(2, 8, 4096, 4096, 64, torch.float16, True, facts=H200, backward_version="v4",
                variant=P.Variant(window=(128, 0)))

@@ -196,12 +196,20 @@ V5_BWD = {64: (C(32, 64, 4, 3), C(64, 32, 4, 3)), 128: (C(64, 128, 8, 3), C(128,
 @pytest.mark.parametrize("dtype", [fp16, fp32])
 def test_variant_choices_on_a_t4_an_l4_and_an_h200(facts, D, dtype):
     """Variants plan forward v4 / backward v5 with hand-picked tiles that fit (on the H200: V4_FWD, V5_BWD), the
-    dK/dV grid over the K/V heads; the same shape without a feature keeps the plain choice."""
+    dK/dV grid over the K/V heads, except GQA, windows and soft-cap where v6 runs (the H200 at D = 128, fp16 / bf16);
+    the same shape without a feature keeps the plain choice."""
     B, H, N = 2, 32, 8192
     plain = P.plan(B, H, N, N, D, dtype, True, facts=facts)
     for var in (P.Variant(window=(1023, 0)), P.Variant(kv_groups=4), P.Variant(kv_groups=8, softcap=True, alibi=True,
                 mask="bool", dropout=True), P.Variant(varlen=True, window=(-1, 64))):
         p = P.plan(B, H, N, N, D, dtype, True, variant=var, facts=facts)
+        if (facts is P.H200 and dtype == fp16 and D == 128 and var.features() <= P.forward_v6.SUPPORTS
+                and P.forward_v6.AVAILABLE):    # GQA, windows, soft-cap: v6's constexpr branches where v6 runs
+            assert (p.fwd_version, p.bwd_version) == ("v6", "v6"), (var, p)
+            assert [s.kernel for s in p.forward + p.backward] == ["fwd v6", "preprocess", "bwd v6"]
+            assert p.backward[1].grid == (-(-N // 128) * B * (H // var.kv_groups),)    # a program per K/V head's tile
+            assert "constexpr branches" in p.reasons["fwd"] and "constexpr branches" in p.reasons["bwd"]
+            continue
         assert (p.fwd_version, p.bwd_version) == ("v4", "v5"), (var, p)
         assert [s.kernel for s in p.forward + p.backward] == ["fwd v4", "preprocess", "dkdv v5", "dq v5"]
         for s in p.forward + p.backward[1:]:
@@ -264,7 +272,7 @@ def test_grid_class_keys_autotuning_apart():
     assert [tiles.grid_class(16, n, 132) for n in (1024, 2048, 4096, 16384)] == [0, 1, 1, 2]
     assert tiles.grid_class(16, 1024, None) == 0          # the interpreter: one class (it does not autotune)
     assert P.plan(1, 16, 1024, 1024, 64, fp16, True, facts=P.T4).forward[0].tune_key[-1] == 1   # 3.2 waves on 40
-    gqa = P.plan(1, 32, 4096, 4096, 128, fp16, True, variant=P.Variant(kv_groups=8), facts=P.H200)
+    gqa = P.plan(1, 32, 4096, 4096, 128, fp16, True, variant=P.Variant(kv_groups=8, alibi=True), facts=P.H200)
     dkdv, dq = gqa.step("dkdv"), gqa.step("dq")   # dK/dV runs over the 4 K/V heads: 0.97 waves; dQ over 32
     assert (dkdv.bh, dkdv.tune_key[-1], dq.bh, dq.tune_key[-1]) == (4, 0, 32, 2)
 
@@ -285,7 +293,8 @@ def test_cli_prints_the_plan(capsys):
 
 def test_cli_prints_a_variant_plan(capsys):
     from flashlab.__main__ import main
-    assert main(["plan", "--shape", "2,32,8192,128", "--causal", "--window", "1023,0", "--device", "h200"]) == 0
+    assert main(["plan", "--shape", "2,32,8192,128", "--causal", "--window", "1023,0", "--alibi",
+                 "--device", "h200"]) == 0
     out = capsys.readouterr().out
     assert "window (left, right) = (1023, 0)" in out and "forward  v4" in out and "backward v5" in out
     assert "fwd v4       128x128, 8 warps, 3 stages, grid 4096" in out     # cdiv(8192, 128) * 2 * 32
@@ -597,13 +606,13 @@ def test_a_remembered_config_is_per_variant_and_causal_mode():
     try:
         gqa = P.Variant(kv_groups=4)
         mask = P.Variant(kv_groups=4, mask="bool")
-        first = P.plan(2, 8, 1008, 1104, 128, bf16, True, variant=gqa, facts=P.H200).forward[0]
-        assert first.version == "v4" and not first.verified and first.fallbacks
+        first = P.plan(2, 8, 1008, 704, 128, bf16, True, variant=gqa, facts=P.H200).forward[0]
+        assert first.version == "v4" and not first.verified and first.fallbacks   # the 1024 bucket: v4, not v6
         first.fell_back(first.config, [])                       # it compiled and ran: remembered
-        again = P.plan(2, 8, 2000, 2000, 128, bf16, True, variant=gqa, facts=P.H200).forward[0]
+        again = P.plan(2, 8, 1000, 1000, 128, bf16, True, variant=gqa, facts=P.H200).forward[0]
         assert again.verified and again.config == first.config and not again.fallbacks
         for v, causal in ((mask, True), (gqa, False)):
-            other = P.plan(2, 8, 1008, 1104, 128, bf16, causal, variant=v, facts=P.H200).forward[0]
+            other = P.plan(2, 8, 1008, 704, 128, bf16, causal, variant=v, facts=P.H200).forward[0]
             assert not other.verified and other.fallbacks, (v, causal)
     finally:
         P.forget()

@@ -11,6 +11,8 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                                   tiles; flashlab.variants runs it
                v5 forward_v5.py   v3 with its descriptors made on the host (backward v4's idea): Hopper's 1024
                                   bucket, where v3's per-program descriptors do not pay; autotuned
+               v6 forward_v6.py   FlashAttention-3's warp specialisation in Gluon (sm_90, D = 128): a producer warp,
+                                  two consumer warpgroups; GQA, windows and soft-cap as constexpr branches
                fp8 forward_fp8.py v2's loop on e4m3 Q, K, V^T with per-(batch, head) scales, P in e4m3; chosen by the
                                   dtype (torch.float8_e4m3fn), cc >= 8.9, no backward; flashlab.fp8 runs it
     backward   v1 backward.py     three kernels (Delta, dK/dV, dQ), masks on every tile
@@ -18,14 +20,16 @@ docs/BENCHMARKS.md has what each was predicted to gain and what it measured):
                v3 backward_v3.py  one pass: five products per tile pair, dQ added in bulk (TMA reduce); autotuned
                v4 backward_v4.py  v3 with its descriptors made on the host, not in every program; autotuned
                v5 backward_v5.py  v2 with the variants' branches; GQA's dK/dV summed over the group in one program
-               v6 backward_v6.py  v4's algorithm with forward v6's warp specialisation (Gluon, sm_90, D = 128)
                                   (no atomics); dropout's mask regenerated; descriptor loads on Hopper;
                                   flashlab.variants runs it
+               v6 backward_v6.py  v4's algorithm with forward v6's warp specialisation (Gluon, sm_90, D = 128);
+                                  GQA, windows and soft-cap as constexpr branches, as forward v6
 
 Beside them, quantize_fp8.py: the e4m3 quantisation (per-(batch, head) maxima, then scale, cast and store,
 V^T written transposed) that ``flashlab.quantize_fp8`` runs before the FP8 forward; a helper, not a version.
 
-Forward v4 and backward v5 go through the same plan: a call with a :class:`~flashlab.kernels.plan.Variant`
+Forward v4 and backward v5 (and v6 for its features) go through the same plan: a call with a
+:class:`~flashlab.kernels.plan.Variant`
 (``launch_forward(..., variant=...)``, as :mod:`flashlab.variants` calls it) is planned and launched like
 any other, its features choosing the versions whose ``SUPPORTS`` covers them.
 

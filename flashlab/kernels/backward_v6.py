@@ -34,6 +34,17 @@ Triton 3.9's build spills otherwise (its loop without the mask: 0-16 stores and 
 non-causal loop 3-4 and 12-31) and has not been timed.
 Causal grids run longest first by sections of heads (tiles.head_group).
 
+**The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap), constexpr branches that leave the
+plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a tile):
+- GQA: a program owns a K/V head's 128 keys and walks the Q tiles of each of the KV_GROUP query heads that read
+  them in turn (the ring's steps continue across heads), summing dK and dV in registers: no atomics for them.
+  KV_GROUP is a constexpr (one loop more only when it is above 1: a runtime group spilled the causal loop).
+- BAND: only the Q tiles whose rows reach these keys (n0 - right ... n0 + 127 + left); the tiles that cross the
+  band's two edges run in loops of their own with the mask, the inside without (three loops, as causal's two);
+  a row that saw no key (LSE = -inf) is taken as LSE = +inf there, so its P = 0.
+- SOFTCAP: P from c tanh(S scale / c), and dS^T = P^T o (dP^T - D_i) o (1 - tanh^2); tanh stays in registers
+  through dP^T's wait (32 a thread, which spills: the soft-cap loop stores and loads ~60 values a tile).
+
 Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
 backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x
 cuDNN).  Measured: docs/BENCHMARKS.md.
@@ -45,7 +56,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backward, tiles
+from . import backward, forward_v6, tiles
 from .tiles import C
 
 try:
@@ -63,13 +74,13 @@ LOG2E = 1.4426950408889634
 MAXNREG = 168          # as forward v6: 12 warps x 32 threads x 168 <= 65,536
 CONSUMER_REGS = 240
 
-SUPPORTS = frozenset()
+SUPPORTS = forward_v6.SUPPORTS   # GQA, windows, soft-cap: the same constexpr branches as forward v6
 HEAD_DIMS = (128,)
 ONLY_ON = "sm_90"
 
 
 if AVAILABLE:
-    from .forward_v6 import _descriptor, _longest_first, _sync, _tma_load
+    from .forward_v6 import _descriptor, _longest_first, _sync, _tanh, _tma_load
 
     if hasattr(tma, "async_atomic_add"):          # Triton >= 3.7
         @gluon.jit
@@ -87,19 +98,34 @@ if AVAILABLE:
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                        CAUSAL: gl.constexpr, WG: gl.constexpr):
-        """The producer (1 warp): K_j and V_j once, then Q_i and dO_i into stage it % STAGES when it is empty."""
+                        CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, KV_GROUP: gl.constexpr,
+                        WG: gl.constexpr):
+        """The producer (1 warp): K_j and V_j once, then, for each query head of the K/V head's group, Q_i and dO_i
+        into stage it % STAGES when it is empty."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
-        off_b, off_h, n0, m_lo, n_iter, first = coords
+        off_b, off_kv, n0, m_lo, n_iter, first = coords
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [off_b, off_kv, n0, 0], kv_bar, k_smem)
+        _tma_load(v_desc, [off_b, off_kv, n0, 0], kv_bar, v_smem)
+        if KV_GROUP > 1:
+            for g in range(KV_GROUP):
+                _produce(off_b, off_kv * KV_GROUP + g, g * n_iter, m_lo, n_iter, first, q_desc, do_desc, q_smem,
+                         do_smem, q_ready, do_ready, qdo_empty)
+        else:
+            _produce(off_b, off_kv, 0, m_lo, n_iter, first, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
+                     qdo_empty)
+
+    @gluon.jit
+    def _produce(off_b, off_h, base, m_lo, n_iter, first, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
+                 qdo_empty):
+        """Query head off_h's Q_i and dO_i, the ring's steps base ... base + n_iter - 1."""
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [off_b, off_h, n0, 0], kv_bar, k_smem)
-        _tma_load(v_desc, [off_b, off_h, n0, 0], kv_bar, v_smem)
-        for it in range(n_iter):
+        for i in range(n_iter):
+            it = base + i
             st = it % STAGES
-            row = (m_lo + (first + it) % n_iter) * BLOCK_M
+            row = (m_lo + (first + i) % n_iter) * BLOCK_M
             mbarrier.wait(qdo_empty.index(st), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
             _tma_load(q_desc, [off_b, off_h, row, 0], q_ready.index(st), q_smem.index(st))
@@ -107,15 +133,20 @@ if AVAILABLE:
             _tma_load(do_desc, [off_b, off_h, row, 0], do_ready.index(st), do_smem.index(st))
 
     @gluon.jit
-    def _consumer_steps(lo, hi, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta, qk_scale,
-                        MASK: gl.constexpr, WG: gl.constexpr):
-        """Q tiles lo ... hi - 1 of this program's walk: dK_w, dV_w updated and returned, dQ's share added.
-        MASK (causal, the tiles on the diagonal only): a loop of its own, so that the other tiles' loop carries
-        no mask (its indices cost registers, and registers here are short: a causal loop with them spilled)."""
+    def _consumer_steps(lo, hi, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta,
+                        qk_scale, cap_in, MASK: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
+                        WG: gl.constexpr):
+        """Q tiles lo ... hi - 1 of query head off_h's walk (the ring's steps base + lo ...): dK_w, dV_w updated and
+        returned, dQ's share added.  MASK (the tiles on the diagonal or the band's edges only): a loop of its own,
+        so that the other tiles' loop carries no mask (its indices cost registers, and registers here are short: a
+        causal loop with them spilled).  BAND: the window's mask (else the causal one), and rows that see no key
+        (LSE = -inf) taken as LSE = +inf, so their P = 0.  SOFTCAP: scores c tanh(s scale / c) (qk_scale = c log2 e,
+        cap_in = scale / c), and dS^T gains the factor 1 - tanh^2."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
-        off_b, off_h, n0, m_lo, n_iter, first = coords
+        off_b, off_kv, n0, m_lo, n_iter, first = coords
         Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
+        left, right = band
         dtype: gl.constexpr = q_desc.dtype
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
@@ -140,15 +171,18 @@ if AVAILABLE:
         stage = dq_smem.index(WG)
         zero_s = gl.zeros([HALF, BLOCK_M], dtype=gl.float32, layout=mma_s)
 
-        for it in range(lo, hi):
+        for i in range(lo, hi):
+            it = base + i
             st = it % STAGES
             ph = (it // STAGES) & 1
             b = it % 2
             phb = (it // 2) & 1
-            row0 = (m_lo + (first + it) % n_iter) * BLOCK_M
+            row0 = (m_lo + (first + i) % n_iter) * BLOCK_M
             rows = row0 + offs_m
             row_ok = rows < Nq
             lse2 = gl.load(lse_base + rows * stride_lm, mask=row_ok, other=0.0) * 1.4426950408889634
+            if BAND and MASK:
+                lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2)
             delta = gl.load(delta_base + rows, mask=row_ok, other=0.0)
             q_s = q_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
             do_s = do_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
@@ -158,14 +192,24 @@ if AVAILABLE:
             mbarrier.wait(do_ready.index(st), ph)
             dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))                     # S^T done; dP^T in flight
+            if SOFTCAP:
+                s_t = _tanh(s_t * cap_in)
+                t = s_t
             if MASK:
                 keys = n0 + WG * HALF + gl.arange(0, HALF, layout=key_l)
-                s_t = gl.where(keys[:, None] <= rows[None, :], s_t, float("-inf"))
+                if BAND:
+                    keep = (keys[:, None] >= rows[None, :] - left) & (keys[:, None] <= rows[None, :] + right)
+                else:
+                    keep = keys[:, None] <= rows[None, :]
+                s_t = gl.where(keep, s_t, float("-inf"))     # (soft-cap: t stays unmasked; P = 0 zeroes dS there)
             p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))  # P^T <= 1 (keys past Nk too)
             p16 = gl.convert_layout(p_t.to(dtype), a_op)
             dv_tok = warpgroup_mma(p16, do_s, dv, is_async=True)             # dV_w += P^T dO_i
             dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))                   # dP^T done; dV in flight
-            ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)                 # dS^T
+            if SOFTCAP:                                                    # d(c tanh(x / c)) / dx = 1 - tanh^2
+                ds16 = (p_t * (dp_t - delta[None, :]) * (1.0 - t * t)).to(dtype)
+            else:
+                ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)             # dS^T
 
             mbarrier.wait(ds_free.index(b), phb ^ 1)                       # both read this buffer 2 tiles ago
             ds_smem.index(b).slice(WG * HALF, HALF, dim=0).store(ds16)
@@ -189,14 +233,45 @@ if AVAILABLE:
         return dk, dv
 
     @gluon.jit
+    def _walk(off_h, base, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale, cap_in,
+              CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, WG: gl.constexpr):
+        """Query head off_h's Q tiles (the ring's steps from base).  Those that need the mask (the band's edges;
+        causal, the two on the diagonal, where the kernel starts such a program) run in loops of their own."""
+        off_b, off_kv, n0, m_lo, n_iter, first = coords
+        if BAND:   # tile rows r0 ... r0 + 63 see all 128 keys iff n0 + 127 - right <= r0 <= n0 - 63 + left
+            left, right = band
+            n_a = gl.maximum(gl.minimum(gl.cdiv(gl.maximum(n0 + 127 - right, 0), 64) - m_lo, n_iter), 0)
+            t = n0 - 63 + left
+            inside = gl.where(t >= 0, t // 64 + 1, 0)                    # Q tiles 0 ... t // 64 pass the left edge
+            n_b = gl.minimum(gl.maximum(inside - m_lo, n_a), n_iter)
+            dk, dv = _consumer_steps(0, n_a, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
+                                     LSE, Delta, qk_scale, cap_in, True, True, SOFTCAP, WG)
+            dk, dv = _consumer_steps(n_a, n_b, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
+                                     LSE, Delta, qk_scale, cap_in, False, True, SOFTCAP, WG)
+            dk, dv = _consumer_steps(n_b, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
+                                     band, LSE, Delta, qk_scale, cap_in, True, True, SOFTCAP, WG)
+        elif CAUSAL:
+            n_diag = gl.minimum(n_iter, 2)
+            dk, dv = _consumer_steps(0, n_diag, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
+                                     band, LSE, Delta, qk_scale, cap_in, True, False, SOFTCAP, WG)
+            dk, dv = _consumer_steps(n_diag, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords,
+                                     sizes, band, LSE, Delta, qk_scale, cap_in, False, False, SOFTCAP, WG)
+        else:
+            dk, dv = _consumer_steps(0, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
+                                     band, LSE, Delta, qk_scale, cap_in, False, False, SOFTCAP, WG)
+        return dk, dv
+
+    @gluon.jit
     def _consumer_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                            CAUSAL: gl.constexpr, WG: gl.constexpr):
-        """A consumer warpgroup: keys n0 + 64 WG ... + 63; dK, dV for them, dQ's columns 64 WG ... + 63."""
+                            CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, KV_GROUP: gl.constexpr,
+                            WG: gl.constexpr):
+        """A consumer warpgroup: keys n0 + 64 WG ... + 63; dK, dV for them (summed over the K/V head's group of
+        query heads), dQ's columns 64 WG ... + 63."""
         kv_bar = bars[0]
-        off_b, off_h, n0, m_lo, n_iter, first = coords
+        off_b, off_kv, n0, m_lo, n_iter, first = coords
         Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
         LSE, Delta, DK, DV = ptrs
-        qk_scale, sm_scale = scales
+        qk_scale, sm_scale, band, cap_in = scales
         dtype: gl.constexpr = q_desc.dtype
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
         HALF: gl.constexpr = 64
@@ -206,20 +281,18 @@ if AVAILABLE:
         dv = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
 
         mbarrier.wait(kv_bar, 0)
-        if CAUSAL:   # the kernel starts causal programs at their first Q tile: the two on the diagonal come first
-            n_diag = gl.minimum(n_iter, 2)
-            dk, dv = _consumer_steps(0, n_diag, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta,
-                                     qk_scale, True, WG)
-            dk, dv = _consumer_steps(n_diag, n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta,
-                                     qk_scale, False, WG)
+        if KV_GROUP > 1:      # the group's query heads one after the other, dK and dV summed in registers
+            for g in range(KV_GROUP):
+                dk, dv = _walk(off_kv * KV_GROUP + g, g * n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
+                               band, LSE, Delta, qk_scale, cap_in, CAUSAL, BAND, SOFTCAP, WG)
         else:
-            dk, dv = _consumer_steps(0, n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, LSE, Delta,
-                                     qk_scale, False, WG)
+            dk, dv = _walk(off_kv, 0, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale,
+                           cap_in, CAUSAL, BAND, SOFTCAP, WG)
         tma.store_wait(0)
 
         kd = n0 + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_d))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma_d))
-        off = (off_b.to(gl.int64) * stride_db + off_h.to(gl.int64) * stride_dh
+        off = (off_b.to(gl.int64) * stride_db + off_kv.to(gl.int64) * stride_dh
                + kd[:, None].to(gl.int64) * stride_dn + offs_d[None, :])
         ok = (kd < Nk)[:, None]
         gl.store(DK + off, (dk * sm_scale).to(dtype), mask=ok)
@@ -228,15 +301,18 @@ if AVAILABLE:
     @gluon.jit
     def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV,
                             stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm,
-                            H, Nq, Nk, sm_scale, qk_scale, GROUP,
+                            H, Nq, Nk, sm_scale, qk_scale, GROUP, left, right, cap_in,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                            SPREAD: gl.constexpr = True):
-        """One program: BLOCK_N = 128 keys of one (batch, head); a 1-D grid of K tiles x B * H, the tile index
-        fastest.  dK and dV are written with dK's strides (the launcher makes dV's alike).  SPREAD: each program
-        walks its Q tiles from its own, wrapping (backward v3's spread: the programs of a head do not all add into
-        the same dQ rows at once).  Causal, the first K tiles (the most Q tiles) first over sections of GROUP heads
-        (forward v6's _longest_first)."""
+                            SPREAD: gl.constexpr = True, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
+                            KV_GROUP: gl.constexpr = 1):
+        """One program: BLOCK_N = 128 keys of one (batch, K/V head); a 1-D grid of K tiles x B * H / KV_GROUP, the
+        tile index fastest.  dK and dV are written with dK's strides (the launcher makes dV's alike), summed over the
+        KV_GROUP query heads that read the K/V head (GQA: one program owns each dK, dV row, no atomics).  SPREAD:
+        each program walks its Q tiles from its own, wrapping (backward v3's spread: the programs of a head do not
+        all add into the same dQ rows at once).  Causal, the first K tiles (the most Q tiles) first over sections of
+        GROUP heads (forward v6's _longest_first).  BAND: only the Q tiles whose rows' band (row - left ... row +
+        right) reaches these keys; SOFTCAP: as forward v6 (qk_scale = c log2 e, cap_in = scale / c)."""
         n_n = gl.cdiv(Nk, BLOCK_N)
         pid = gl.program_id(0)
         if CAUSAL:
@@ -244,16 +320,19 @@ if AVAILABLE:
         else:
             start_n = pid % n_n
             bh = pid // n_n
-        off_b = bh // H
-        off_h = bh % H
+        off_b = bh // (H // KV_GROUP)
+        off_kv = bh % (H // KV_GROUP)
         n0 = start_n * BLOCK_N
         n_q = gl.cdiv(Nq, BLOCK_M)
         m_lo = pid * 0                                                  # a tensor: partitions take no ints
         if CAUSAL:
             m_lo = gl.minimum(n0 // BLOCK_M, n_q)                        # the first Q tile that sees these keys
         n_iter = n_q - m_lo
+        if BAND:   # rows n0 - right ... n0 + BLOCK_N - 1 + left reach these keys
+            m_lo = gl.minimum(gl.maximum(n0 - right, 0) // BLOCK_M, n_q)
+            n_iter = gl.maximum(gl.minimum(gl.cdiv(n0 + BLOCK_N + left, BLOCK_M), n_q) - m_lo, 0)
         first = pid * 0
-        if SPREAD and not CAUSAL:   # causal programs start at their diagonal, already each at its own Q tile
+        if SPREAD and not CAUSAL and not BAND:   # causal programs start at their diagonal, already each its own
             first = start_n % gl.maximum(n_iter, 1)                      # each program starts at its own Q tile
 
         dtype: gl.constexpr = q_desc.dtype
@@ -282,17 +361,24 @@ if AVAILABLE:
 
         bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem)
         bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free)
-        coords = (off_b, off_h, n0, m_lo, n_iter, first)
+        coords = (off_b, off_kv, n0, m_lo, n_iter, first)
         sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H)
         ptrs = (LSE, Delta, DK, DV)
-        scales = (qk_scale, sm_scale)
+        if BAND:      # the variants' scalars only where their constexpr is on (a partition's every capture costs)
+            band = (left, right)
+        else:
+            band = (0, 0)
+        if SOFTCAP:
+            scales = (qk_scale, sm_scale, band, cap_in)
+        else:
+            scales = (qk_scale, sm_scale, band, 1.0)
         gl.warp_specialize([
             (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                                   CAUSAL, 0)),
+                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, 0)),
             (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                                   CAUSAL, 1)),
+                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, 1)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                               CAUSAL, 1)),
+                               CAUSAL, BAND, SOFTCAP, KV_GROUP, 1)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -307,7 +393,7 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
     return {"bwd": (cands, [])}
 
 
-def _sig(dtype: str, causal: bool, stages: int):
+def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: bool = False, kv_group: int = 1):
     gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
     fn = flash_bwd_kernel_v6
     sig = {n: "i32" for n in fn.arg_names}
@@ -316,29 +402,35 @@ def _sig(dtype: str, causal: bool, stages: int):
                                     ("dq_desc", 64, 64, "fp32", gl.float32)):
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], g)
         sig[name] = f"tensordesc<{dt}[1, 1, {rows}, {cols}],{layout!r}>"
-    sig.update(LSE="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32")
-    consts = dict(CAUSAL=causal, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS)
+    sig.update(LSE="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32",
+               cap_in="fp32")
+    consts = dict(CAUSAL=causal, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
+                  BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group)
     sig.update({k: "constexpr" for k in consts})
     return fn, sig, consts
 
 
-def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 2):
-    """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only); needs ``TRITON_INTERPRET=0``."""
+def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 2, band: bool = False,
+                 softcap: bool = False, kv_group: int = 1):
+    """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only); needs ``TRITON_INTERPRET=0``.
+    band, softcap, kv_group: the variants' kernels."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    fn, sig, consts = _sig(dtype, causal, stages)
+    fn, sig, consts = _sig(dtype, causal, stages, band, softcap, kv_group)
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
 
 
-def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
-    """Delta, then the warp-specialised pass adding dQ into a float32 buffer; dQ = scale * buffer."""
+def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **variant_args):
+    """Delta, then the warp-specialised pass adding dQ into a float32 buffer; dQ = scale * buffer.  K, V, dK, dV
+    have H / kv_groups heads; ``variant_args``: the soft-cap value (the window and GQA are the plan's)."""
     step = plan.backward[1]
     cfg = step.config
     if (cfg.block_m, cfg.block_n, cfg.num_warps) != (64, 128, 4) or cfg.num_stages < 2:
         raise ValueError(f"backward v6's tiles are its design, 64 query rows x 128 keys, 4 warps per consumer "
                          f"warpgroup, and at least 2 stages, not {cfg}")
+    call = forward_v6.variant_scalars(plan, scale, **variant_args)
     if plan.Nk == 0 or plan.Nq == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         return
@@ -348,15 +440,18 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None):
     dk_out = dk if dk.stride(-1) == 1 else torch.empty(dk.shape, device=dk.device, dtype=dk.dtype)
     dv_out = dv if dv.stride() == dk_out.stride() else torch.empty_like(dk_out)
     n_n = -(-plan.Nk // cfg.block_n)
-    grid = tiles.grid_1d(n_n, plan.B * plan.H)
+    bh_kv = plan.B * (plan.H // plan.variant.kv_groups)
+    grid = tiles.grid_1d(n_n, bh_kv)
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
-    group = tiles.head_group(plan.B * plan.H, n_n, plan.facts.sms) if plan.causal else 1
+    group = tiles.head_group(bh_kv, n_n, plan.facts.sms) if call.causal else 1
     flash_bwd_kernel_v6[grid](
         _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
         _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
-        *dk_out.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, scale * LOG2E, group,
-        CAUSAL=plan.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
-        STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cfg.num_warps, maxnreg=MAXNREG)
+        *dk_out.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, call.qk_scale, group,
+        call.left, call.right, call.cap_in,
+        CAUSAL=call.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
+        STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
+        KV_GROUP=plan.variant.kv_groups, num_warps=cfg.num_warps, maxnreg=MAXNREG)
     if dk_out is not dk:
         dk.copy_(dk_out)
     if dv_out is not dv:

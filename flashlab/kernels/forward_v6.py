@@ -27,6 +27,13 @@ the same 128 x 128 tiles, which would put the forward at cuDNN's level.  Measure
 Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; no interpreter (Gluon has
 none), so the plan runs it only on such a GPU and the tests that run it need one.
 
+**The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap; the plan runs them here where it runs v6, forward v4
+elsewhere), constexpr branches that cost nothing when off (the plain kernel's SASS is unchanged):
+GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
+masks only the tiles that cross the band's edges, and gives a row that sees no key O = 0 and LSE = -inf (its
+running maximum taken as 0 while it is -inf); SOFTCAP turns S into c tanh(S scale / c) before the mask (tanh
+from exp2, as forward v4), in base 2 by passing c log2(e) as the scale.
+
 FP8 (``launch_fp8``, the constexpr FP8; scripts call it, the plan does not): e4m3 Q, K and V^T with one scale
 per (batch, head), GQA, the FP8 `tl` kernel's algorithm (forward_fp8.py) on this schedule.  An e4m3 product's
 operands must have their K dimension contiguous (hence V^T), and an 8-bit register operand cannot be kept
@@ -36,6 +43,8 @@ kernel non-causal and causal at 16k (+7 % causal at 4k): P's trip through shared
 gains; not adopted (docs/BENCHMARKS.md, 2026-12-03).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -57,7 +66,7 @@ LN2 = 0.6931471805599453
 MAXNREG = 168          # 12 warps (4 + 4 + the producer's, rounded up to a warpgroup) x 32 threads x 168 <= 65,536
 CONSUMER_REGS = 240    # per consumer thread after the producer gives its registers back (24 each)
 
-SUPPORTS = frozenset()
+SUPPORTS = frozenset({"gqa", "window", "softcap"})
 HEAD_DIMS = (128,)
 ONLY_ON = "sm_90"      # not among the versions every machine runs (plan.FORWARD_VERSIONS)
 
@@ -85,12 +94,13 @@ if AVAILABLE:
 
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                        CAUSAL: gl.constexpr, FP8: gl.constexpr, WG: gl.constexpr):
+                        CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
+                        WG: gl.constexpr):
         """The producer (1 warp): Q's two halves once, then K_j, V_j (FP8: V_j^T) into stage j % STAGES when it
         is empty."""
         q_smem, k_smem, v_smem, p_all = bufs
         q_bar, k_ready, v_ready, kv_empty = bars
-        off_b, off_h, off_kv, row0, n_tiles = coords
+        off_b, off_h, off_kv, row0, j0, n_tiles = coords
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         HALF: gl.constexpr = q_smem.type.shape[3]
@@ -101,22 +111,50 @@ if AVAILABLE:
             st = j % STAGES
             mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [off_b, off_kv, j * BLOCK_N, 0], k_ready.index(st), k_smem.index(st))
+            col = (j0 + j) * BLOCK_N
+            _tma_load(k_desc, [off_b, off_kv, col, 0], k_ready.index(st), k_smem.index(st))
             mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
             if FP8:     # V^T (B, H_kv, D, Nk): an e4m3 product's B operand must have its K dimension contiguous
-                _tma_load(v_desc, [off_b, off_kv, 0, j * BLOCK_N], v_ready.index(st), v_smem.index(st))
+                _tma_load(v_desc, [off_b, off_kv, 0, col], v_ready.index(st), v_smem.index(st))
             else:
-                _tma_load(v_desc, [off_b, off_kv, j * BLOCK_N, 0], v_ready.index(st), v_smem.index(st))
+                _tma_load(v_desc, [off_b, off_kv, col, 0], v_ready.index(st), v_smem.index(st))
 
     @gluon.jit
-    def _masked(s, j, first_row, Nk, BLOCK_N: gl.constexpr, HALF: gl.constexpr, CAUSAL: gl.constexpr,
-                layout: gl.constexpr):
-        """S_j with the keys a row must not see at -inf: past Nk, and (causal) right of the diagonal."""
+    def _masked(s, j, first_row, Nk, band, BLOCK_N: gl.constexpr, HALF: gl.constexpr, CAUSAL: gl.constexpr,
+                BAND: gl.constexpr, layout: gl.constexpr):
+        """S_j with the keys a row must not see at -inf: past Nk, (causal) right of the diagonal, (BAND) outside
+        row - left ... row + right."""
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-        if CAUSAL:
+        if CAUSAL or BAND:
             rows = first_row + gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+        if CAUSAL:
             s = gl.where(cols[None, :] <= rows[:, None], s, float("-inf"))
+        if BAND:
+            left, right = band
+            s = gl.where((cols[None, :] >= rows[:, None] - left) & (cols[None, :] <= rows[:, None] + right), s,
+                         float("-inf"))
         return gl.where(cols[None, :] < Nk, s, float("-inf"))
+
+    @gluon.jit
+    def _needs_mask(j, lo_full, full, BAND: gl.constexpr):
+        """Key tile j crosses an edge for some of the warpgroup's rows (Nk, the diagonal, the band's two edges)."""
+        if BAND:
+            need = (j < lo_full) | (j >= full)
+        else:
+            need = j >= full
+        return need
+
+    @gluon.jit
+    def _tanh(x):
+        """tanh from exp2, stable at both ends, with the approximate division (forward v4's soft-cap)."""
+        return 1.0 - gl.fdiv(gl.full(x.shape, 2.0, gl.float32, x.type.layout), gl.exp2(x * 2.8853900817779268) + 1.0)
+
+    @gluon.jit
+    def _safe(m, BAND: gl.constexpr):
+        """The running maximum to subtract: BAND rows may have seen no key yet (m = -inf), and -inf - -inf is NaN."""
+        if BAND:
+            m = gl.where(m == float("-inf"), 0.0, m)
+        return m
 
     @gluon.jit
     def _v_operand(v_smem, st, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, FP8: gl.constexpr):
@@ -128,7 +166,8 @@ if AVAILABLE:
 
     @gluon.jit
     def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                            CAUSAL: gl.constexpr, FP8: gl.constexpr, WG: gl.constexpr):
+                            CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
+                            WG: gl.constexpr):
         """A consumer warpgroup: rows row0 + WG * 64 ... + 63 of the tile, online softmax with overlapped wgmmas.
         FP8: Q, K, V^T in e4m3 with one float32 scale per (batch, head); P rounded to e4m3 for P V (its row sums
         taken before) through this warpgroup's P tile in shared memory; the scales applied to the scores' exponent
@@ -136,8 +175,8 @@ if AVAILABLE:
         q_smem, k_smem, v_smem, p_all = bufs
         p_smem = p_all.index(WG)
         q_bar, k_ready, v_ready, kv_empty = bars
-        off_b, off_h, off_kv, row0, n_tiles = coords
-        Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm = sizes
+        off_b, off_h, off_kv, row0, j0, n_tiles = coords
+        Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, band, cap_in = sizes
         dtype: gl.constexpr = q_desc.dtype
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
@@ -157,6 +196,11 @@ if AVAILABLE:
         full = Nk // BLOCK_N
         if CAUSAL:
             full = gl.minimum(full, (first_row + 1) // BLOCK_N)
+        lo_full = full * 0
+        if BAND:   # key tiles lo_full ... full - 1 lie inside every row's band (and below Nk)
+            left, right = band
+            lo_full = gl.cdiv(gl.maximum(first_row + HALF - 1 - left, 0), BLOCK_N)
+            full = gl.minimum(first_row + right + 1, Nk) // BLOCK_N
         q_s = q_smem.index(WG).reshape([HALF, HEAD_DIM])
         zero = gl.zeros([HALF, BLOCK_N], dtype=gl.float32, layout=mma)
         acc = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma)
@@ -166,10 +210,12 @@ if AVAILABLE:
         s_tok = warpgroup_mma(q_s, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero,
                               use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
-        if full < 1:
-            s = _masked(s, 0, first_row, Nk, BLOCK_N, HALF, CAUSAL, mma)
+        if SOFTCAP:                 # c tanh(s scale / c) in base 2: qk_scale is c log2(e), cap_in scale / c
+            s = _tanh(s * cap_in)
+        if _needs_mask(j0, lo_full, full, BAND):
+            s = _masked(s, j0, first_row, Nk, band, BLOCK_N, HALF, CAUSAL, BAND, mma)
         m_i = gl.max(s, axis=1) * qk_scale
-        p = gl.exp2(s * qk_scale - m_i[:, None])
+        p = gl.exp2(s * qk_scale - _safe(m_i, BAND)[:, None])
         l_i = gl.sum(p, axis=1)
         for j in range(1, n_tiles):
             st = j % STAGES
@@ -187,11 +233,14 @@ if AVAILABLE:
                 p16 = gl.convert_layout(p.to(dtype), p_op)
                 acc_tok = warpgroup_mma(p16, _v_operand(v_smem, prev, BLOCK_N, HEAD_DIM, FP8), acc, is_async=True)
             s = warpgroup_mma_wait(1, deps=(s_tok,))                   # S_j done; P_{j-1} V_{j-1} in flight
-            if j >= full:
-                s = _masked(s, j, first_row, Nk, BLOCK_N, HALF, CAUSAL, mma)
+            if SOFTCAP:
+                s = _tanh(s * cap_in)
+            if _needs_mask(j0 + j, lo_full, full, BAND):
+                s = _masked(s, j0 + j, first_row, Nk, band, BLOCK_N, HALF, CAUSAL, BAND, mma)
             m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s * qk_scale - m_new[:, None])
+            m_use = _safe(m_new, BAND)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s * qk_scale - m_use[:, None])
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
             if FP8:
@@ -214,7 +263,10 @@ if AVAILABLE:
             acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
         mbarrier.arrive(kv_empty.index(last), count=1)
 
-        acc = acc * (v_scale / l_i)[:, None]
+        if BAND:   # a row that saw no key: O = 0 (acc is 0; 0 / 0 would be NaN), LSE = -inf below
+            acc = acc * (v_scale / gl.where(l_i == 0.0, 1.0, l_i))[:, None]
+        else:
+            acc = acc * (v_scale / l_i)[:, None]
         rows = first_row + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
         row_ok = rows < Nq
@@ -242,15 +294,18 @@ if AVAILABLE:
     def flash_fwd_kernel_v6(q_desc, k_desc, v_desc, O, LSE, QS, KS, VS,
                             stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
                             stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
-                            H, KV_GROUP, Nq, Nk, qk_scale, GROUP,
+                            H, KV_GROUP, Nq, Nk, qk_scale, GROUP, left, right, cap_in,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                            FP8: gl.constexpr = False):
+                            FP8: gl.constexpr = False, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
         """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
         fastest (common.program_tile's order: programs launched together share K and V in L2); causal, the
         longest rows first over sections of GROUP heads (_longest_first).  K and V have H / KV_GROUP heads.
         FP8: e4m3 Q, K and V^T (B, H_kv, D, Nk) with scales QS (per batch and query head), KS, VS (per batch and
-        K/V head); O in its own dtype (the bf16 / fp16 kernel passes 1 for KV_GROUP and ignores QS, KS, VS)."""
+        K/V head); O in its own dtype (the bf16 / fp16 kernel ignores QS, KS, VS).
+        The variants (flashlab.variants, through the plan): GQA is KV_GROUP; BAND visits only the key tiles that
+        rows row - left ... row + right reach (left, right >= 0; a row that sees no key gets O = 0, LSE = -inf);
+        SOFTCAP takes qk_scale = c log2(e) and cap_in = scale / c: S -> c tanh(S scale / c), in base 2."""
         n_m = gl.cdiv(Nq, BLOCK_M)
         pid = gl.program_id(0)
         if CAUSAL:
@@ -266,7 +321,13 @@ if AVAILABLE:
         hi = Nk
         if CAUSAL:
             hi = gl.minimum(row0 + BLOCK_M, Nk)
-        n_tiles = gl.cdiv(hi, BLOCK_N)
+        j0 = pid * 0                                                     # the first key tile (a tensor, as hi)
+        if BAND:   # the band of rows row0 ... row0 + BLOCK_M - 1: keys row0 - left ... row0 + BLOCK_M - 1 + right
+            hi = gl.minimum(row0 + BLOCK_M + right, Nk)
+            j0 = gl.minimum(gl.maximum(row0 - left, 0) // BLOCK_N, gl.cdiv(Nk, BLOCK_N) - 1)
+        n_tiles = gl.cdiv(hi, BLOCK_N) - j0
+        if BAND:   # rows that see no key still run one tile, all masked: O = 0, LSE = -inf
+            n_tiles = gl.maximum(n_tiles, 1)
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
@@ -290,16 +351,16 @@ if AVAILABLE:
             p_all = q_smem
         bufs = (q_smem, k_smem, v_smem, p_all)
         bars = (q_bar, k_ready, v_ready, kv_empty)
-        coords = (off_b, off_h, off_kv, row0, n_tiles)
-        sizes = (Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm)
+        coords = (off_b, off_h, off_kv, row0, j0, n_tiles)
+        sizes = (Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, (left, right), cap_in)
         descale = (QS, KS, VS, stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh)
         gl.warp_specialize([
             (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                                   CAUSAL, FP8, 0)),
+                                   CAUSAL, FP8, BAND, SOFTCAP, 0)),
             (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                                   CAUSAL, FP8, 1)),
+                                   CAUSAL, FP8, BAND, SOFTCAP, 1)),
             (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                               CAUSAL, FP8, 1)),
+                               CAUSAL, FP8, BAND, SOFTCAP, 1)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -314,10 +375,11 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
     return {"fwd": (cands, [])}
 
 
-def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3):
+def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, band: bool = False,
+                 softcap: bool = False):
     """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only): what a machine without a
     Hopper GPU can check of v6.  Needs compiled mode (``TRITON_INTERPRET=0``): Gluon has no interpreter.
-    dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16)."""
+    dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16); band, softcap: the variants' kernels."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -328,9 +390,10 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3):
     for name, rows in (("q_desc", 64), ("k_desc", 128), ("v_desc", 128)):
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gdt)
         sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, 128],{layout!r}>"
-    sig.update(O="*bf16" if fp8 else f"*{dtype}", LSE="*fp32", QS="*fp32", KS="*fp32", VS="*fp32", qk_scale="fp32")
+    sig.update(O="*bf16" if fp8 else f"*{dtype}", LSE="*fp32", QS="*fp32", KS="*fp32", VS="*fp32", qk_scale="fp32",
+               cap_in="fp32")
     consts = dict(CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-                  FP8=fp8)
+                  FP8=fp8, BAND=band, SOFTCAP=softcap)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
@@ -344,19 +407,47 @@ def _descriptor(t, rows: int, cols: int | None = None):
     return GluonDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
 
-def launch(plan, q, k, v, o, lse, scale: float, runners=None):
-    """Three TMA descriptors over the whole (B, H, N, D) tensors, then one launch on a 1-D grid of Q tiles x B * H."""
+class VariantCall(NamedTuple):
+    causal: bool      # the causal kernel (plain causal attention, GQA or soft-capped)
+    band: bool        # the BAND kernel: a window (left, right), causal or not
+    softcap: bool
+    left: int
+    right: int
+    qk_scale: float
+    cap_in: float
+
+
+def variant_scalars(plan, scale: float, softcap=None, **others) -> VariantCall:
+    """What v6 (forward and backward) takes of a variant call.
+    The band is the window's (Variant.band, -1 unbounded given as past every key); plain causal attention keeps
+    the causal kernel (its longest-first order and one masked diagonal).  Soft-cap: qk_scale = c log2(e) and
+    cap_in = scale / c (the scores become c tanh(s scale / c) in base 2); else qk_scale = scale log2(e)."""
+    extra = {k: v for k, v in others.items() if v is not None and v is not False and v != 0}
+    if extra:   # the plan runs v6 only for the features in SUPPORTS; anything else here is a caller's mistake
+        raise ValueError(f"v6 implements {sorted(SUPPORTS)} only, not {sorted(extra)}")
+    var = plan.variant
+    band = var.band(plan.causal) if var.window is not None else None
+    big = plan.Nq + plan.Nk + 256
+    left, right = (0, 0) if band is None else tuple(big if x < 0 else x for x in band)
+    qk, cap_in = (scale * LOG2E, 1.0) if softcap is None else (float(softcap) * LOG2E, scale / float(softcap))
+    return VariantCall(plan.causal and band is None, band is not None, softcap is not None, left, right, qk, cap_in)
+
+
+def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
+    """Three TMA descriptors over the whole (B, H, N, D) tensors (K, V: B, H / kv_groups, N, D), then one launch on
+    a 1-D grid of Q tiles x B * H.  ``variant_args``: the soft-cap value (the window and GQA are the plan's)."""
     step = plan.forward[0]
     cfg = step.config
     if (cfg.block_m, cfg.block_n, cfg.num_warps) != (128, 128, 4) or cfg.num_stages < 2:
         raise ValueError(f"forward v6's tiles are its design, 128 x 128, 4 warps per consumer warpgroup (64 query "
                          f"rows each), and at least 2 stages (one would deadlock its ring), not {cfg}")
+    call = variant_scalars(plan, scale, **variant_args)
     if plan.Nk == 0:          # no key tile: the consumers would wait for one for ever; no key seen: O = 0
         o.zero_()
         lse.fill_(float("-inf"))
         return
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
-    group = tiles.head_group(plan.B * plan.H, -(-plan.Nq // cfg.block_m), plan.facts.sms) if plan.causal else 1
+    group = tiles.head_group(plan.B * plan.H, -(-plan.Nq // cfg.block_m), plan.facts.sms) if call.causal else 1
     errors = []
     for cand in (cfg,) + tuple(step.fallbacks):     # 3 stages, then 2 if a GPU's shared memory is short
         try:
@@ -364,9 +455,10 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
             flash_fwd_kernel_v6[grid](
                 _descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
                 o, lse, lse, lse, lse, *o.stride()[:3], *lse.stride(), 0, 0, 0, 0, 0, 0,
-                plan.H, 1, plan.Nq, plan.Nk, scale * LOG2E, group,
-                CAUSAL=plan.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
-                STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, num_warps=cand.num_warps, maxnreg=MAXNREG)
+                plan.H, plan.variant.kv_groups, plan.Nq, plan.Nk, call.qk_scale, group, call.left, call.right,
+                call.cap_in, CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
+                STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
+                num_warps=cand.num_warps, maxnreg=MAXNREG)
             if cand != cfg or not step.verified:
                 step.fell_back(cand, errors)
             return
@@ -375,7 +467,6 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None):
                 raise
             errors.append(e)
     raise errors[-1]
-
 
 
 def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, causal: bool, stages: int = 3):
@@ -408,6 +499,6 @@ def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, cau
     flash_fwd_kernel_v6[grid](
         _descriptor(q8, 64), _descriptor(k8, 128), _descriptor(vt8, 128, 128), o, lse, q_scale, k_scale, v_scale,
         *o.stride()[:3], *lse.stride(), *q_scale.stride(), *k_scale.stride(), *v_scale.stride(),
-        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group,
+        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group, 0, 0, 1.0,
         CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
         FP8=True, num_warps=4, maxnreg=MAXNREG)

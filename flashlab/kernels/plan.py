@@ -24,8 +24,8 @@ machine.
 Extension point: a call's variant (:class:`Variant`: grouped K/V heads, a sliding window, soft-capping,
 ALiBi, a mask, dropout, packed sequences) is a field of the plan key.  Each kernel module declares the
 variant features its kernel implements in ``SUPPORTS``; :func:`choose_versions` keeps only the versions
-whose ``SUPPORTS`` covers the call's features (forward v4 and backward v5 implement them all; the plain
-versions none).  A kernel file joins by adding its module to ``FORWARD`` / ``BACKWARD`` here, its
+whose ``SUPPORTS`` covers the call's features (forward v4 and backward v5 implement them all; forward and
+backward v6 GQA, windows and soft-cap; the other plain versions none).  A kernel file joins by adding its module to ``FORWARD`` / ``BACKWARD`` here, its
 ``SUPPORTS``, its ``config_lists`` and its ``launch(plan, ..., runners=None, **variant_args)``; what
 decides the compiled kernel (which features, the window) is in the :class:`Variant`, what only its
 arguments carry (the mask and slope tensors, the soft-cap value, dropout's p and seed, cumulative
@@ -68,9 +68,9 @@ V5_FROM = 1024   # forward v5 (host descriptors) on Hopper from this bucket up t
 # causal it spills registers and v2's two kernels are faster.
 ONE_PASS_BWD = ((64, None), (128, False))
 
-# Backward v4 from this many K/V rows (B * H_kv * Nk) on: below it a call's time is mostly the host's, and v4 has
-# more host work than v2 (seven descriptors encoded per launch, a zero fill and a scale).  At the README demo's
-# shape (B 1, H 16, D 64, causal; scripts/demo_backward.py, docs/BENCHMARKS.md 2026-12-02) the host took 217-504
+# Backward v4 from this many K/V rows (B * H * Nk; a GQA call counts its query heads) on: below it a call's time
+# is mostly the host's, and v4 has more host work than v2 (seven descriptors encoded per launch, a zero fill and a
+# scale).  At the README demo's shape (B 1, H 16, D 64, causal; scripts/demo_backward.py, docs/BENCHMARKS.md 2026-12-02) the host took 217-504
 # us a backward call with v4 and 167-366 with v2; v2 was faster at N = 2048 (32,768 rows) in every run, v4 at
 # N = 8192 and 16384; at N = 4096 (65,536 rows) each won one of two runs, whose host time drifted by half.
 ONE_PASS_MIN_ROWS = 1 << 16
@@ -379,7 +379,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       1.16-1.25x v4 and 1.04-1.09x v2 causal (docs/BENCHMARKS.md, 2026-12-03).
 
     A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
-    covers them: forward v4 and backward v5, whose hand-picked tiles are forward v2's and backward v2's.
+    covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA, windows and
+    soft-cap where the plain policy runs v6; elsewhere, and for ALiBi, masks, dropout and packed sequences, forward
+    v4 and backward v5, whose hand-picked tiles are forward v2's and backward v2's.
 
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
     v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
@@ -391,17 +393,7 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     if dtype == FP8_DTYPE:
         return _fp8_versions(facts, feats)
     if feats:
-        fv = [v for v, m in FORWARD.items() if v != FP8 and feats <= getattr(m, "SUPPORTS", frozenset())]
-        bv = [v for v, m in BACKWARD.items() if feats <= getattr(m, "SUPPORTS", frozenset())]
-        if not fv or not bv:
-            raise ValueError(f"no kernel version implements {', '.join(sorted(feats))} yet "
-                             f"(forward: {fv or 'none'}, backward: {bv or 'none'})")
-        names = ", ".join(sorted(feats))
-        return {"fwd": fv[-1], "bwd": bv[-1]}, {
-            "fwd": f"variant features ({names}): the newest forward that implements them",
-            "bwd": f"variant features ({names}): the newest backward that implements them"
-                   + (" (its dK/dV sums the query heads of a K/V group in one program: no atomics, deterministic)"
-                      if bv[-1] == "v5" else "")}
+        return _variant_versions(dtype, head_dim, bucket, facts, deterministic, feats, rows)
     if dtype == torch.float32 or head_dim > 128:
         why = ("fp32 and head dims above 128 run their dot products on FMA units, where v2's unmasked tiles "
                "gain nothing measurable and its extra loop copies multiply the compile time")
@@ -454,6 +446,42 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     if bucket is not None and bucket < 1024:
         fwhy = "short, causal: v2's longest-tiles-first order and unmasked tiles win"
     return {"fwd": "v2", "bwd": bwd}, {"fwd": fwhy, "bwd": bwhy}
+
+
+def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, deterministic: bool, feats: frozenset,
+                      rows) -> tuple:
+    """The newest versions whose ``SUPPORTS`` covers the call's features.  Forward and backward v6 (GQA, windows,
+    soft-cap) only where the plain policy runs them (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM;
+    the backward also not deterministic and not small); forward v4 and backward v5 otherwise (they implement every
+    feature, run everywhere, and backward v5 is deterministic)."""
+    names = ", ".join(sorted(feats))
+    not_v6 = v6_runs(dtype, head_dim, facts)
+    if not_v6 is None and bucket is not None and bucket < V3_FROM:
+        not_v6 = f"the length bucket is below {V3_FROM}"
+    chosen, reasons = {}, {}
+    for d, table, word in (("fwd", FORWARD, "forward"), ("bwd", BACKWARD, "backward")):
+        ok = [v for v, m in table.items() if v != FP8 and feats <= getattr(m, "SUPPORTS", frozenset())]
+        if not ok:
+            raise ValueError(f"no kernel version implements {names} yet ({word}: none)")
+        why_not = not_v6
+        if why_not is None and d == "bwd" and deterministic:
+            why_not = "deterministic algorithms requested (its dQ adds arrive in any order)"
+        elif why_not is None and d == "bwd" and rows is not None and rows < ONE_PASS_MIN_ROWS:
+            why_not = f"B * H * Nk = {rows} is a small problem (below {ONE_PASS_MIN_ROWS}: the host's time)"
+        kept = [v for v in ok if not getattr(table[v], "ONLY_ON", None) or why_not is None]
+        if not kept:
+            raise ValueError(f"no {word} version that runs here implements {names} ({word} v6 does, but {why_not})")
+        chosen[d] = kept[-1]
+        if chosen[d] == "v6":
+            reasons[d] = (f"variant features ({names}): {word} v6, which implements them as constexpr branches "
+                          f"(Hopper sm_90, D = 128, length bucket >= {V3_FROM})")
+        else:
+            reasons[d] = f"variant features ({names}): the newest {word} that implements them"
+            if ok[-1] != chosen[d]:
+                reasons[d] += f" and runs here ({word} v6 does too, but {why_not})"
+            if chosen[d] == "v5":
+                reasons[d] += " (its dK/dV sums the query heads of a K/V group in one program: no atomics, deterministic)"
+    return chosen, reasons
 
 
 def _fp8_versions(facts: DeviceFacts, feats: frozenset) -> tuple:
@@ -554,8 +582,7 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
         if v is not None and v not in ok:
             raise ValueError(f"version must be one of {ok}, got {v!r} ({name})")
     bucket = tiles.n_key(Nq, Nk)
-    versions, reasons = choose_versions(dtype, D, bucket, causal, facts, det, variant,
-                                        B * (H // max(1, variant.kv_groups)) * Nk)
+    versions, reasons = choose_versions(dtype, D, bucket, causal, facts, det, variant, B * H * Nk)
     if fv is not None and (fv == FP8) != (dtype == FP8_DTYPE):
         raise ValueError(f"forward version {fv!r} cannot run {dtype} inputs: the FP8 forward takes e4m3 "
                          "(torch.float8_e4m3fn) and only it does")
@@ -618,7 +645,7 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
     pre = Step("preprocess", "pre", "v1", D, Nq, B * H, C(pre_m, pre_m), (), False, 0, None,
                "Delta = rowsum(dO * O): one pass over O and dO, 64-row tiles (32 in the interpreter)", True)
     # one dK/dV program per K/V head's tile, summing the group's query heads (GQA: B * H / kv_groups of them)
-    b_kinds = ((("bwd", Nk, B * H),) if versions["bwd"] in ONE_PASS
+    b_kinds = ((("bwd", Nk, B * (H // variant.kv_groups)),) if versions["bwd"] in ONE_PASS
                else (("dkdv", Nk, B * (H // variant.kv_groups)), ("dq", Nq, B * H)))
     if isinstance(bcfg, Config) and len(b_kinds) == 2:
         bcfg = (bcfg, bcfg)

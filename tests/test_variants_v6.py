@@ -1,0 +1,138 @@
+"""The variants in forward and backward v6 (GQA, sliding windows, soft-cap as constexpr branches, Hopper only):
+where the plan runs them, that each variant's kernel compiles for sm_90 with this Triton (no GPU needed), and on
+an sm_90 GPU their accuracy against float64 through flashlab.flash_attention, ragged and Nq != Nk, rows that see
+no key, large logits.  (test_variants.py checks every variant in forward v4 / backward v5, in the interpreter.)"""
+import json
+
+import pytest
+import torch
+
+import flashlab
+from flashlab import device
+from flashlab.kernels import backward_v6, forward_v6
+from flashlab.kernels import plan as P
+
+from test_forward_v6 import compile_in_child
+from test_variants import _check
+
+needs_gluon = pytest.mark.skipif(not forward_v6.AVAILABLE, reason="this Triton has no Gluon warp specialisation")
+H200 = P.SIMULATED["h200"]
+bf16, fp16 = torch.bfloat16, torch.float16
+
+
+def test_v6_declares_what_it_implements():
+    assert forward_v6.SUPPORTS == backward_v6.SUPPORTS == {"gqa", "window", "softcap"}
+
+
+@needs_gluon
+@pytest.mark.parametrize("var", [P.Variant(kv_groups=4), P.Variant(window=(1023, 0)), P.Variant(softcap=True),
+                                 P.Variant(kv_groups=8, window=(255, 64), softcap=True)], ids=str)
+def test_plan_runs_v6_for_its_features(var):
+    p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)
+    assert (p.fwd_version, p.bwd_version) == ("v6", "v6"), p
+    assert p.backward[1].bh == 2 * 32 // var.kv_groups        # one program per K/V head's tile: dK, dV summed there
+
+
+@needs_gluon
+@pytest.mark.parametrize("why,kw,want", [
+    ("ALiBi is not v6's", dict(variant=P.Variant(kv_groups=4, alibi=True)), ("v4", "v5")),
+    ("dropout is not v6's", dict(variant=P.Variant(window=(64, 0), dropout=True)), ("v4", "v5")),
+    ("D = 64", dict(D=64), ("v4", "v5")),
+    ("the 1024 bucket", dict(N=1000), ("v4", "v5")),
+    ("not Hopper", dict(facts=P.SIMULATED["a100"]), ("v4", "v5")),
+    ("fp32", dict(dtype=torch.float32), ("v4", "v5")),
+    ("deterministic: backward v5 sums without atomics", dict(deterministic=True), ("v6", "v5")),
+    ("a small backward", dict(B=1, H=4, N=2048), ("v6", "v5")),
+])
+def test_plan_keeps_v4_v5_where_v6_does_not_run(why, kw, want):
+    args = dict(B=2, H=16, N=4096, D=128, dtype=bf16, facts=H200, variant=P.Variant(kv_groups=4), deterministic=False)
+    args.update(kw)
+    p = P.plan(args["B"], args["H"], args["N"], args["N"], args["D"], args["dtype"], True, variant=args["variant"],
+               facts=args["facts"], deterministic=args["deterministic"])
+    assert (p.fwd_version, p.bwd_version) == want, (why, p)
+    if want[1] == "v5" and args["variant"].features() <= forward_v6.SUPPORTS and args["facts"] is H200 \
+            and args["D"] == 128 and args["dtype"] == bf16 and args["N"] > 1024:
+        assert "backward v6 does too, but" in p.reasons["bwd"], p.reasons["bwd"]   # the plan says why not
+
+
+COMPILE = """
+import json, sys
+from flashlab.kernels import backward_v6, forward_v6
+out = []
+for mod, kw in ((forward_v6, dict(band=True)), (forward_v6, dict(softcap=True, causal=True)),
+                (backward_v6, dict(band=True, softcap=True, kv_group=2)), (backward_v6, dict(kv_group=4, causal=True)),
+                (backward_v6, dict(kv_group=4))):
+    k = mod.compile_sm90(**kw)
+    ptx = k.asm["ptx"]
+    out.append(dict(shared=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), tma="cp.async.bulk.tensor" in ptx,
+                    local="ld.local" in ptx or "st.local" in ptx, tanh_exp2=ptx.count("ex2.approx")))
+print(json.dumps(out))
+"""
+
+
+@needs_gluon
+def test_v6_variant_kernels_compile_for_sm90():
+    """Each variant's constexpr branch compiles with this Triton and fits an H200's shared memory.  The backward's
+    loops: the window's three (the band's two edges masked, the inside not), causal two, plain one; a GQA program
+    walks its group's query heads in one more loop around them, so its PTX holds each loop once."""
+    fb, fsc, bb, bgc, bg = compile_in_child(COMPILE, False)
+    for k in (fb, fsc, bb, bgc, bg):
+        assert k["shared"] <= H200.shared_memory and k["tma"] and not k["local"] and k["wgmma"] > 0
+    assert fsc["tanh_exp2"] > fb["tanh_exp2"]                   # soft-cap's tanh adds exponentials
+    assert (bb["wgmma"], bgc["wgmma"], bg["wgmma"]) == (2 * 32 * 3, 2 * 32 * 2, 2 * 32)
+
+
+# ------------------------------------------------------------------------------------------------- on the GPU
+
+sm90 = pytest.mark.skipif(not (device.DEVICE.type == "cuda" and P.device_facts().sm90 and forward_v6.AVAILABLE),
+                          reason="needs an sm_90 GPU (H100, H200) and Gluon")
+
+CASES = [
+    # (label, B, H, Hk, Nq, Nk, dtype, kwargs)
+    ("gqa 8/2", 1, 8, 2, 1100, 1300, bf16, {}),
+    ("gqa 8/2 causal, Nq > Nk", 1, 8, 2, 1900, 1200, fp16, dict(is_causal=True)),
+    ("mqa causal, large logits", 2, 4, 1, 1500, 1500, bf16, dict(is_causal=True)),
+    ("window (300, 0) causal", 1, 2, 2, 2100, 2100, bf16, dict(is_causal=True, window=(300, 0))),
+    ("window (200, 77), Nq < Nk", 1, 2, 2, 1500, 2300, fp16, dict(window=(200, 77))),
+    ("window (-1, 130)", 1, 2, 1, 1300, 1250, bf16, dict(window=(-1, 130))),
+    ("window (100, 4): rows past Nk + 100 see nothing", 1, 2, 2, 2300, 1100, bf16, dict(window=(100, 4))),
+    ("softcap 30 causal, large logits", 1, 4, 4, 2000, 2000, bf16, dict(is_causal=True, softcap=30.0)),
+    ("softcap 5, Nq > Nk", 1, 2, 2, 1700, 1040, fp16, dict(softcap=5.0)),
+    ("softcap 8 + window (255, 0) + gqa 4/2", 1, 4, 2, 1800, 1800, bf16,
+     dict(is_causal=True, window=(255, 0), softcap=8.0)),
+]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gpu_v6_variants_match_float64(case, monkeypatch):
+    """Forward and backward v6 (the small-problem rule set aside, so that these sizes run the v6 backward)."""
+    label, B, H, Hk, Nq, Nk, dtype, kw = case
+    monkeypatch.setattr(P, "ONE_PASS_MIN_ROWS", 0)
+    P.forget()
+    try:
+        s = 3.0 if "large" in label else 1.0
+        q = (s * torch.randn(B, H, Nq, 128, device="cuda")).to(dtype)
+        k = (s * torch.randn(B, Hk, Nk, 128, device="cuda")).to(dtype)
+        v = torch.randn(B, Hk, Nk, 128, device="cuda").to(dtype)
+        _check(q, k, v, label, **kw)
+        ran = [(p.fwd_version, p.bwd_version) for p in P._PLANS.values() if p.variant.features()]
+        assert ran and all(r == ("v6", "v6") for r in ran), ran
+    finally:
+        P.forget()
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_v6_gqa_on_strided_views_and_an_unchanged_sdpa_line():
+    """(B, N, H, D) storage (nanoGPT's transpose) with 8 query and 2 K/V heads, the SDPA call as written."""
+    P.forget()
+    x = torch.randn(2, 2100, 12, 128, device="cuda", dtype=bf16)
+    q = x[:, :, :8].transpose(1, 2)
+    k, v = x[:, :, 8:10].transpose(1, 2), x[:, :, 10:].transpose(1, 2)
+    _check(q, k, v, "strided gqa causal", is_causal=True)
+    got = flashlab.flash_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True, enable_gqa=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert (got.float() - want.float()).abs().max().item() < 2e-2
+    assert any(p.fwd_version == "v6" for p in P._PLANS.values() if p.variant.features())
