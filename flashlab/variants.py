@@ -273,7 +273,7 @@ def _plan(qp, kp, vp, mask, args, varlen: bool, B: int, H: int, Hk: int, max_q: 
     force = dict(forward_version="v4", backward_version="v5") if not variant.features() else {}
     if varlen:
         return P.plan(B, H, max_q, max_k, qp.shape[-1], qp.dtype, causal, allow_tf32=allow_tf32, variant=variant,
-                      **force)
+                      layout=P.layout_of(qp, kp, vp), **force)
     return P.plan_for(qp, kp, vp, causal, allow_tf32=allow_tf32, variant=variant, **force)
 
 

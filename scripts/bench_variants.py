@@ -1,4 +1,5 @@
-"""Attention variants on a GPU: flashlab (forward v4 / backward v5) beside FlexAttention and SDPA.
+"""Attention variants on a GPU: flashlab (the plan's versions: forward / backward v6 for GQA, windows and soft-cap on
+an sm_90 GPU at D = 128, forward v4 / backward v5 otherwise) beside FlexAttention and SDPA.
 
     python scripts/bench_variants.py [--quick] [--json out.json] [--only gqa,window,...] [--no-check]
 
@@ -141,6 +142,19 @@ def check_variants() -> list:
             return attention_varlen_torch(a, b.repeat_interleave(r, 1), c.repeat_interleave(r, 1), cu, cu, **kw)[0]
         if not _judge_grads(f"varlen 5 docs (one empty) gqa softcap {dn}", ours, dtype, vref, (pq, pk, pv), pdo):
             fails.append(f"varlen {dn}")
+    if dev == "cuda":   # large enough (B H Nk >= plan.ONE_PASS_MIN_ROWS) that an sm_90 GPU runs backward v6 too
+        B6, H6, Hk6, N6 = 2, 16, 4, 2100
+        q, k, v = rnd(B6, H6, N6, d, dt=DT), rnd(B6, Hk6, N6 - 40, d, dt=DT), rnd(B6, Hk6, N6 - 40, d, dt=DT)
+        do = rnd(B6, H6, N6, d, dt=DT)
+        for label, kw in (("gqa 16/4 causal", dict(is_causal=True)), ("window (300, 0) causal", dict(is_causal=True,
+                          window=(300, 0))), ("gqa window (200, 77)", dict(window=(200, 77))),
+                          ("softcap 30 causal", dict(is_causal=True, softcap=30.0))):
+            xs = [t.clone().requires_grad_() for t in (q, k, v)]
+            o = flashlab.flash_attention(*xs, enable_gqa=True, **kw)
+            ours = (o.detach(),) + torch.autograd.grad(o, xs, do)
+            ref = lambda a, b, c, dt, kw=kw: attention_variants_torch(a, b, c, **kw)[0]
+            if not _judge_grads(f"{label} N {N6} bf16", ours, DT, ref, (q, k, v), do):
+                fails.append(f"{label} N {N6}")
     return fails
 
 

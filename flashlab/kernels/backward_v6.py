@@ -74,7 +74,7 @@ LOG2E = 1.4426950408889634
 MAXNREG = 168          # as forward v6: 12 warps x 32 threads x 168 <= 65,536
 CONSUMER_REGS = 240
 
-SUPPORTS = forward_v6.SUPPORTS   # GQA, windows, soft-cap: the same constexpr branches as forward v6
+SUPPORTS = forward_v6.SUPPORTS - {"varlen"}   # GQA, windows, soft-cap: the same constexpr branches as forward v6
 HEAD_DIMS = (128,)
 ONLY_ON = "sm_90"
 

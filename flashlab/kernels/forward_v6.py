@@ -27,12 +27,14 @@ the same 128 x 128 tiles, which would put the forward at cuDNN's level.  Measure
 Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; no interpreter (Gluon has
 none), so the plan runs it only on such a GPU and the tests that run it need one.
 
-**The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap; the plan runs them here where it runs v6, forward v4
-elsewhere), constexpr branches that cost nothing when off (the plain kernel's SASS is unchanged):
+**The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences; the plan runs them here where it
+runs v6, forward v4 elsewhere), constexpr branches that cost nothing when off (the plain kernel's SASS is unchanged):
 GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
 masks only the tiles that cross the band's edges, and gives a row that sees no key O = 0 and LSE = -inf (its
 running maximum taken as 0 while it is -inf); SOFTCAP turns S into c tanh(S scale / c) before the mask (tanh
-from exp2, as forward v4), in base 2 by passing c log2(e) as the scale.
+from exp2, as forward v4), in base 2 by passing c log2(e) as the scale; VARLEN reads packed (total, H, D) tensors
+as (1, H, total, D), each program's sequence from cu_seqlens (its first row added to every TMA coordinate, its
+lengths as Nq and Nk: the next sequence's rows, which a tile may load, are masked like keys past Nk).
 
 FP8 (``launch_fp8``, the constexpr FP8; scripts call it, the plan does not): e4m3 Q, K and V^T with one scale
 per (batch, head), GQA, the FP8 `tl` kernel's algorithm (forward_fp8.py) on this schedule.  An e4m3 product's
@@ -66,7 +68,7 @@ LN2 = 0.6931471805599453
 MAXNREG = 168          # 12 warps (4 + 4 + the producer's, rounded up to a warpgroup) x 32 threads x 168 <= 65,536
 CONSUMER_REGS = 240    # per consumer thread after the producer gives its registers back (24 each)
 
-SUPPORTS = frozenset({"gqa", "window", "softcap"})
+SUPPORTS = frozenset({"gqa", "window", "softcap", "varlen"})
 HEAD_DIMS = (128,)
 ONLY_ON = "sm_90"      # not among the versions every machine runs (plan.FORWARD_VERSIONS)
 
@@ -95,23 +97,23 @@ if AVAILABLE:
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
                         CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                        WG: gl.constexpr):
+                        SAFE: gl.constexpr, WG: gl.constexpr):
         """The producer (1 warp): Q's two halves once, then K_j, V_j (FP8: V_j^T) into stage j % STAGES when it
         is empty."""
         q_smem, k_smem, v_smem, p_all = bufs
         q_bar, k_ready, v_ready, kv_empty = bars
-        off_b, off_h, off_kv, row0, j0, n_tiles = coords
+        off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0 = coords
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         HALF: gl.constexpr = q_smem.type.shape[3]
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [off_b, off_h, row0, 0], q_bar, q_smem.index(0))
-        _tma_load(q_desc, [off_b, off_h, row0 + HALF, 0], q_bar, q_smem.index(1))
+        _tma_load(q_desc, [off_b, off_h, q0 + row0, 0], q_bar, q_smem.index(0))
+        _tma_load(q_desc, [off_b, off_h, q0 + row0 + HALF, 0], q_bar, q_smem.index(1))
         for j in range(n_tiles):
             st = j % STAGES
             mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
-            col = (j0 + j) * BLOCK_N
+            col = k0 + (j0 + j) * BLOCK_N
             _tma_load(k_desc, [off_b, off_kv, col, 0], k_ready.index(st), k_smem.index(st))
             mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
             if FP8:     # V^T (B, H_kv, D, Nk): an e4m3 product's B operand must have its K dimension contiguous
@@ -150,9 +152,10 @@ if AVAILABLE:
         return 1.0 - gl.fdiv(gl.full(x.shape, 2.0, gl.float32, x.type.layout), gl.exp2(x * 2.8853900817779268) + 1.0)
 
     @gluon.jit
-    def _safe(m, BAND: gl.constexpr):
-        """The running maximum to subtract: BAND rows may have seen no key yet (m = -inf), and -inf - -inf is NaN."""
-        if BAND:
+    def _safe(m, SAFE: gl.constexpr):
+        """The running maximum to subtract: BAND and VARLEN rows may have seen no key yet (m = -inf), and -inf - -inf
+        is NaN."""
+        if SAFE:
             m = gl.where(m == float("-inf"), 0.0, m)
         return m
 
@@ -167,7 +170,7 @@ if AVAILABLE:
     @gluon.jit
     def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
                             CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                            WG: gl.constexpr):
+                            SAFE: gl.constexpr, WG: gl.constexpr):
         """A consumer warpgroup: rows row0 + WG * 64 ... + 63 of the tile, online softmax with overlapped wgmmas.
         FP8: Q, K, V^T in e4m3 with one float32 scale per (batch, head); P rounded to e4m3 for P V (its row sums
         taken before) through this warpgroup's P tile in shared memory; the scales applied to the scores' exponent
@@ -175,7 +178,7 @@ if AVAILABLE:
         q_smem, k_smem, v_smem, p_all = bufs
         p_smem = p_all.index(WG)
         q_bar, k_ready, v_ready, kv_empty = bars
-        off_b, off_h, off_kv, row0, j0, n_tiles = coords
+        off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0 = coords
         Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, band, cap_in = sizes
         dtype: gl.constexpr = q_desc.dtype
         STAGES: gl.constexpr = k_smem.type.shape[0]
@@ -215,7 +218,7 @@ if AVAILABLE:
         if _needs_mask(j0, lo_full, full, BAND):
             s = _masked(s, j0, first_row, Nk, band, BLOCK_N, HALF, CAUSAL, BAND, mma)
         m_i = gl.max(s, axis=1) * qk_scale
-        p = gl.exp2(s * qk_scale - _safe(m_i, BAND)[:, None])
+        p = gl.exp2(s * qk_scale - _safe(m_i, SAFE)[:, None])
         l_i = gl.sum(p, axis=1)
         for j in range(1, n_tiles):
             st = j % STAGES
@@ -238,7 +241,7 @@ if AVAILABLE:
             if _needs_mask(j0 + j, lo_full, full, BAND):
                 s = _masked(s, j0 + j, first_row, Nk, band, BLOCK_N, HALF, CAUSAL, BAND, mma)
             m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            m_use = _safe(m_new, BAND)
+            m_use = _safe(m_new, SAFE)
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s * qk_scale - m_use[:, None])
             l_i = l_i * alpha + gl.sum(p, axis=1)
@@ -263,7 +266,7 @@ if AVAILABLE:
             acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
         mbarrier.arrive(kv_empty.index(last), count=1)
 
-        if BAND:   # a row that saw no key: O = 0 (acc is 0; 0 / 0 would be NaN), LSE = -inf below
+        if SAFE:   # a row that saw no key: O = 0 (acc is 0; 0 / 0 would be NaN), LSE = -inf below
             acc = acc * (v_scale / gl.where(l_i == 0.0, 1.0, l_i))[:, None]
         else:
             acc = acc * (v_scale / l_i)[:, None]
@@ -271,11 +274,11 @@ if AVAILABLE:
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
         row_ok = rows < Nq
         o_ptrs = (O + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
-                  + rows[:, None].to(gl.int64) * stride_om + offs_d[None, :])
+                  + (q0 + rows)[:, None].to(gl.int64) * stride_om + offs_d[None, :])
         gl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
         lse = (m_i + gl.log2(l_i)) * LN2_K                                 # natural-log LSE of the scaled scores
-        gl.store(LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + rows * stride_lm, lse,
-                 mask=row_ok)
+        gl.store(LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + (q0 + rows) * stride_lm,
+                 lse, mask=row_ok)
 
     @gluon.jit
     def _longest_first(pid, n_tiles, BH, GROUP):
@@ -294,10 +297,11 @@ if AVAILABLE:
     def flash_fwd_kernel_v6(q_desc, k_desc, v_desc, O, LSE, QS, KS, VS,
                             stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
                             stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
-                            H, KV_GROUP, Nq, Nk, qk_scale, GROUP, left, right, cap_in,
+                            H, KV_GROUP, Nq, Nk, qk_scale, GROUP, left, right, cap_in, CU_Q, CU_K,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                            FP8: gl.constexpr = False, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False):
+                            FP8: gl.constexpr = False, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
+                            VARLEN: gl.constexpr = False):
         """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
         fastest (common.program_tile's order: programs launched together share K and V in L2); causal, the
         longest rows first over sections of GROUP heads (_longest_first).  K and V have H / KV_GROUP heads.
@@ -305,7 +309,10 @@ if AVAILABLE:
         K/V head); O in its own dtype (the bf16 / fp16 kernel ignores QS, KS, VS).
         The variants (flashlab.variants, through the plan): GQA is KV_GROUP; BAND visits only the key tiles that
         rows row - left ... row + right reach (left, right >= 0; a row that sees no key gets O = 0, LSE = -inf);
-        SOFTCAP takes qk_scale = c log2(e) and cap_in = scale / c: S -> c tanh(S scale / c), in base 2."""
+        SOFTCAP takes qk_scale = c log2(e) and cap_in = scale / c: S -> c tanh(S scale / c), in base 2.
+        VARLEN: packed sequences, Q, K, V seen as (1, H, total, D) (and O, LSE as (H, total)); sequence off_b's rows
+        are CU_Q[off_b] ... CU_Q[off_b + 1] - 1 (keys: CU_K), Nq and Nk the longest lengths (the grid's); a program
+        past its sequence's end runs one tile and stores nothing."""
         n_m = gl.cdiv(Nq, BLOCK_M)
         pid = gl.program_id(0)
         if CAUSAL:
@@ -318,15 +325,24 @@ if AVAILABLE:
         off_h = bh % H
         off_kv = off_h // KV_GROUP
         row0 = start_m * BLOCK_M
+        q0 = 0
+        k0 = 0
+        if VARLEN:   # this sequence's rows of the packed tensors, and its lengths
+            q0 = gl.load(CU_Q + off_b)
+            Nq = gl.load(CU_Q + off_b + 1) - q0
+            k0 = gl.load(CU_K + off_b)
+            Nk = gl.load(CU_K + off_b + 1) - k0
         hi = Nk
         if CAUSAL:
             hi = gl.minimum(row0 + BLOCK_M, Nk)
         j0 = pid * 0                                                     # the first key tile (a tensor, as hi)
         if BAND:   # the band of rows row0 ... row0 + BLOCK_M - 1: keys row0 - left ... row0 + BLOCK_M - 1 + right
             hi = gl.minimum(row0 + BLOCK_M + right, Nk)
-            j0 = gl.minimum(gl.maximum(row0 - left, 0) // BLOCK_N, gl.cdiv(Nk, BLOCK_N) - 1)
+            j0 = gl.maximum(gl.minimum(gl.maximum(row0 - left, 0) // BLOCK_N, gl.cdiv(Nk, BLOCK_N) - 1), 0)
         n_tiles = gl.cdiv(hi, BLOCK_N) - j0
-        if BAND:   # rows that see no key still run one tile, all masked: O = 0, LSE = -inf
+        if VARLEN:   # past the sequence's end (no row to store): one tile, not all of them
+            n_tiles = gl.where(row0 < Nq, n_tiles, 1)
+        if BAND or VARLEN:   # rows that see no key still run one tile, all masked: O = 0, LSE = -inf
             n_tiles = gl.maximum(n_tiles, 1)
 
         dtype: gl.constexpr = q_desc.dtype
@@ -351,16 +367,19 @@ if AVAILABLE:
             p_all = q_smem
         bufs = (q_smem, k_smem, v_smem, p_all)
         bars = (q_bar, k_ready, v_ready, kv_empty)
-        coords = (off_b, off_h, off_kv, row0, j0, n_tiles)
+        if VARLEN:
+            coords = (0, off_h, off_kv, row0, j0, n_tiles, q0, k0)   # the packed tensors' one "batch"
+        else:
+            coords = (off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0)
         sizes = (Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, (left, right), cap_in)
         descale = (QS, KS, VS, stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh)
         gl.warp_specialize([
             (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                                   CAUSAL, FP8, BAND, SOFTCAP, 0)),
+                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, 0)),
             (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                                   CAUSAL, FP8, BAND, SOFTCAP, 1)),
+                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, 1)),
             (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                               CAUSAL, FP8, BAND, SOFTCAP, 1)),
+                               CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, 1)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -376,10 +395,10 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
 
 
 def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, band: bool = False,
-                 softcap: bool = False):
+                 softcap: bool = False, varlen: bool = False):
     """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only): what a machine without a
     Hopper GPU can check of v6.  Needs compiled mode (``TRITON_INTERPRET=0``): Gluon has no interpreter.
-    dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16); band, softcap: the variants' kernels."""
+    dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16); band, softcap, varlen: the variants' kernels."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -391,9 +410,9 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, ban
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gdt)
         sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, 128],{layout!r}>"
     sig.update(O="*bf16" if fp8 else f"*{dtype}", LSE="*fp32", QS="*fp32", KS="*fp32", VS="*fp32", qk_scale="fp32",
-               cap_in="fp32")
+               cap_in="fp32", CU_Q="*i32", CU_K="*i32")
     consts = dict(CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-                  FP8=fp8, BAND=band, SOFTCAP=softcap)
+                  FP8=fp8, BAND=band, SOFTCAP=softcap, VARLEN=varlen)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
@@ -435,17 +454,28 @@ def variant_scalars(plan, scale: float, softcap=None, **others) -> VariantCall:
 
 def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
     """Three TMA descriptors over the whole (B, H, N, D) tensors (K, V: B, H / kv_groups, N, D), then one launch on
-    a 1-D grid of Q tiles x B * H.  ``variant_args``: the soft-cap value (the window and GQA are the plan's)."""
+    a 1-D grid of Q tiles x B * H.  ``variant_args``: the soft-cap value, and a packed call's cu_q, cu_k (int32,
+    B + 1; q, k, v, o then (total, H, D), lse (H, total_q), as forward v4's); the window and GQA are the plan's."""
     step = plan.forward[0]
     cfg = step.config
     if (cfg.block_m, cfg.block_n, cfg.num_warps) != (128, 128, 4) or cfg.num_stages < 2:
         raise ValueError(f"forward v6's tiles are its design, 128 x 128, 4 warps per consumer warpgroup (64 query "
                          f"rows each), and at least 2 stages (one would deadlock its ring), not {cfg}")
+    varlen = plan.variant.varlen
+    cu_q, cu_k = variant_args.pop("cu_q", None), variant_args.pop("cu_k", None)
     call = variant_scalars(plan, scale, **variant_args)
-    if plan.Nk == 0:          # no key tile: the consumers would wait for one for ever; no key seen: O = 0
+    if plan.Nk == 0 or (varlen and k.shape[0] == 0):   # no key tile: the consumers would wait for one for ever
         o.zero_()
         lse.fill_(float("-inf"))
         return
+    if varlen:   # (total, H, D) seen as (1, H, total, D): sequence b's rows start at cu_q[b] (the kernel adds it)
+        if q.shape[0] == 0:
+            return
+        q, k, v, o = (t.permute(1, 0, 2)[None] for t in (q, k, v, o))
+        lse_strides = (0, *lse.stride())
+    else:
+        cu_q = cu_k = lse
+        lse_strides = tuple(lse.stride())
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
     group = tiles.head_group(plan.B * plan.H, -(-plan.Nq // cfg.block_m), plan.facts.sms) if call.causal else 1
     errors = []
@@ -454,11 +484,11 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
             grid = tiles.grid_1d(-(-plan.Nq // cand.block_m), plan.B * plan.H)
             flash_fwd_kernel_v6[grid](
                 _descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
-                o, lse, lse, lse, lse, *o.stride()[:3], *lse.stride(), 0, 0, 0, 0, 0, 0,
+                o, lse, lse, lse, lse, *o.stride()[:3], *lse_strides, 0, 0, 0, 0, 0, 0,
                 plan.H, plan.variant.kv_groups, plan.Nq, plan.Nk, call.qk_scale, group, call.left, call.right,
-                call.cap_in, CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
-                STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
-                num_warps=cand.num_warps, maxnreg=MAXNREG)
+                call.cap_in, cu_q, cu_k, CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n,
+                HEAD_DIM=plan.D, STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band,
+                SOFTCAP=call.softcap, VARLEN=varlen, num_warps=cand.num_warps, maxnreg=MAXNREG)
             if cand != cfg or not step.verified:
                 step.fell_back(cand, errors)
             return
@@ -499,6 +529,6 @@ def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, cau
     flash_fwd_kernel_v6[grid](
         _descriptor(q8, 64), _descriptor(k8, 128), _descriptor(vt8, 128, 128), o, lse, q_scale, k_scale, v_scale,
         *o.stride()[:3], *lse.stride(), *q_scale.stride(), *k_scale.stride(), *v_scale.stride(),
-        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group, 0, 0, 1.0,
+        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group, 0, 0, 1.0, lse, lse,
         CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
         FP8=True, num_warps=4, maxnreg=MAXNREG)
