@@ -26,18 +26,32 @@ def test_v6_declares_what_it_implements():
 
 
 @needs_gluon
-def test_packed_sequences_run_forward_v6_and_backward_v5():
-    p = P.plan(8, 16, 2048, 2048, 128, bf16, True, variant=P.Variant(varlen=True, kv_groups=2), facts=H200)
-    assert (p.fwd_version, p.bwd_version) == ("v6", "v5"), p
+def test_packed_sequences_force_forward_v6_but_not_backward_v6():
+    var = P.Variant(varlen=True, kv_groups=2)
+    assert P.plan(8, 16, 2048, 2048, 128, bf16, True, variant=var, facts=H200, forward_version="v6").fwd_version == "v6"
+    with pytest.raises(ValueError, match="does not implement varlen"):
+        P.plan(8, 16, 2048, 2048, 128, bf16, True, variant=var, facts=H200, backward_version="v6")
 
 
 @needs_gluon
-@pytest.mark.parametrize("var", [P.Variant(kv_groups=4), P.Variant(window=(1023, 0)), P.Variant(softcap=True),
-                                 P.Variant(kv_groups=8, window=(255, 64), softcap=True)], ids=str)
-def test_plan_runs_v6_for_its_features(var):
+@pytest.mark.parametrize("var", [P.Variant(kv_groups=4), P.Variant(softcap=True), P.Variant(kv_groups=8, softcap=True)],
+                         ids=str)
+def test_plan_runs_v6_for_gqa_and_softcap(var):
     p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)
     assert (p.fwd_version, p.bwd_version) == ("v6", "v6"), p
     assert p.backward[1].bh == 2 * 32 // var.kv_groups        # one program per K/V head's tile: dK, dV summed there
+
+
+@needs_gluon
+@pytest.mark.parametrize("var", [P.Variant(window=(1023, 0)), P.Variant(kv_groups=8, window=(255, 64), softcap=True),
+                                 P.Variant(varlen=True)], ids=str)
+def test_plan_keeps_v4_v5_for_windows_and_packed_sequences_unless_forced(var):
+    """v6 implements them, but measured no faster (docs/BENCHMARKS.md, 2026-12-03): the plan says so, and forcing
+    runs them."""
+    p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)
+    assert (p.fwd_version, p.bwd_version) == ("v4", "v5") and "measured no faster" in p.reasons["fwd"], p
+    forced = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200, forward_version="v6")
+    assert forced.fwd_version == "v6"
 
 
 @needs_gluon
@@ -110,14 +124,21 @@ CASES = [
 ]
 
 
+def _force(monkeypatch, **versions):
+    """Every plan made from here on runs these versions (windows and packed sequences: the plan's own choice is
+    v4 / v5, and these tests are v6's)."""
+    plan = P.plan
+    monkeypatch.setattr(P, "plan", lambda *a, **kw: plan(*a, **dict(kw, **versions)))
+    P.forget()
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_gpu_v6_variants_match_float64(case, monkeypatch):
-    """Forward and backward v6 (the small-problem rule set aside, so that these sizes run the v6 backward)."""
+    """Forward and backward v6, forced (the plan runs v6 for GQA and soft-cap only, and not on small problems)."""
     label, B, H, Hk, Nq, Nk, dtype, kw = case
-    monkeypatch.setattr(P, "ONE_PASS_MIN_ROWS", 0)
-    P.forget()
+    _force(monkeypatch, forward_version="v6", backward_version="v6")
     try:
         s = 3.0 if "large" in label else 1.0
         q = (s * torch.randn(B, H, Nq, 128, device="cuda")).to(dtype)
@@ -142,14 +163,14 @@ VARLEN = [
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("case", VARLEN, ids=[c[0] for c in VARLEN])
-def test_gpu_v6_packed_sequences_match_float64(case):
-    """Forward v6 on packed (total, H, D) tensors (each sequence's rows from cu_seqlens, a program past a short one's
-    end storing nothing), backward v5; against the float64 reference sequence by sequence."""
+def test_gpu_v6_packed_sequences_match_float64(case, monkeypatch):
+    """Forward v6, forced, on packed (total, H, D) tensors (each sequence's rows from cu_seqlens, a program past a
+    short one's end storing nothing), backward v5; against the float64 reference sequence by sequence."""
     from flashlab.accuracy import judge
     from flashlab.reference import attention_varlen_torch
     label, lq, lk, H, Hk, dtype, kw = case
     lk = lk or lq
-    P.forget()
+    _force(monkeypatch, forward_version="v6")
     cu_q = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     q = torch.randn(sum(lq), H, 128, device="cuda").to(dtype)

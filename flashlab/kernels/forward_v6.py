@@ -27,8 +27,10 @@ the same 128 x 128 tiles, which would put the forward at cuDNN's level.  Measure
 Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; no interpreter (Gluon has
 none), so the plan runs it only on such a GPU and the tests that run it need one.
 
-**The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences; the plan runs them here where it
-runs v6, forward v4 elsewhere), constexpr branches that cost nothing when off (the plain kernel's SASS is unchanged):
+**The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences), constexpr branches that cost
+nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA and soft-cap (plan.V6_PLANNED);
+windows and packed sequences measured no faster than forward v4 (short programs: docs/BENCHMARKS.md, 2026-12-03)
+and run there unless a caller forces v6:
 GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
 masks only the tiles that cross the band's edges, and gives a row that sees no key O = 0 and LSE = -inf (its
 running maximum taken as 0 while it is -inf); SOFTCAP turns S into c tanh(S scale / c) before the mask (tanh

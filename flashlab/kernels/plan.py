@@ -75,6 +75,14 @@ ONE_PASS_BWD = ((64, None), (128, False))
 # N = 8192 and 16384; at N = 4096 (65,536 rows) each won one of two runs, whose host time drifted by half.
 ONE_PASS_MIN_ROWS = 1 << 16
 
+# The variant features the plan runs forward / backward v6 for (where v6 runs at all).  v6 also implements windows
+# (both) and packed sequences (forward) as constexpr branches, which a caller may force (forward_version="v6"), but
+# the plan keeps forward v4 / backward v5 for them: on the H200 (bf16, D = 128, docs/BENCHMARKS.md 2026-12-03,
+# scripts/v6_variant_probe.py) v6's window forward measured 0.62-1.23x v4 at 256-1024 keys from run to run (v4 the
+# same in every run), its backward 0.97-1.05x v5, and documents of 2048 rows forward 0.76x v4 (8192: 1.01x).  A v6
+# program spends about as long starting and ending as on a few key tiles, and fills a multiprocessor's shared memory.
+V6_PLANNED = frozenset({"gqa", "softcap"})
+
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
 
 
@@ -379,9 +387,10 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       1.16-1.25x v4 and 1.04-1.09x v2 causal (docs/BENCHMARKS.md, 2026-12-03).
 
     A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
-    covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA, windows and
-    soft-cap where the plain policy runs v6; elsewhere, and for ALiBi, masks, dropout and packed sequences, forward
-    v4 and backward v5, whose hand-picked tiles are forward v2's and backward v2's.
+    covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA and soft-cap where
+    the plain policy runs v6 (they implement windows, and the forward packed sequences, too, but measured no faster
+    there); elsewhere, and for windows, ALiBi, masks, dropout and packed sequences, forward v4 and backward v5, whose
+    hand-picked tiles are forward v2's and backward v2's.
 
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
     v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
@@ -393,7 +402,7 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     if dtype == FP8_DTYPE:
         return _fp8_versions(facts, feats)
     if feats:
-        return _variant_versions(dtype, head_dim, bucket, facts, deterministic, feats, rows)
+        return _variant_versions(dtype, head_dim, bucket, facts, deterministic, variant, rows)
     if dtype == torch.float32 or head_dim > 128:
         why = ("fp32 and head dims above 128 run their dot products on FMA units, where v2's unmasked tiles "
                "gain nothing measurable and its extra loop copies multiply the compile time")
@@ -448,16 +457,22 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
     return {"fwd": "v2", "bwd": bwd}, {"fwd": fwhy, "bwd": bwhy}
 
 
-def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, deterministic: bool, feats: frozenset,
+def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, deterministic: bool, variant: Variant,
                       rows) -> tuple:
     """The newest versions whose ``SUPPORTS`` covers the call's features.  Forward and backward v6 (GQA, windows,
-    soft-cap) only where the plain policy runs them (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM;
-    the backward also not deterministic and not small); forward v4 and backward v5 otherwise (they implement every
-    feature, run everywhere, and backward v5 is deterministic)."""
+    soft-cap; the forward packed sequences too) for the features in V6_PLANNED (GQA, soft-cap) only, where the plain
+    policy runs v6 (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM; the backward also not deterministic
+    and not small); forward v4 and backward v5 otherwise (they implement every feature, run everywhere, and backward
+    v5 is deterministic)."""
+    feats = variant.features()
     names = ", ".join(sorted(feats))
     not_v6 = v6_runs(dtype, head_dim, facts)
     if not_v6 is None and bucket is not None and bucket < V3_FROM:
         not_v6 = f"the length bucket is below {V3_FROM}"
+    if not_v6 is None and not feats <= V6_PLANNED:
+        not_v6 = (f"the plan runs it for {', '.join(sorted(V6_PLANNED))} only: its window and packed-sequence "
+                  "branches measured no faster than v4 / v5 (short programs; docs/BENCHMARKS.md, 2026-12-03; "
+                  "force forward_version='v6' to run them)")
     chosen, reasons = {}, {}
     for d, table, word in (("fwd", FORWARD, "forward"), ("bwd", BACKWARD, "backward")):
         ok = [v for v, m in table.items() if v != FP8 and feats <= getattr(m, "SUPPORTS", frozenset())]
