@@ -373,7 +373,7 @@ def test_a_named_bug_is_never_a_wrong_diagnosis():
 
 # ----------------------------------------------------------------------------------------- notebook 08's record
 
-RECORD = ROOT / "docs" / "bench_h200_2026-12-02_variants.json"     # the variants' latest H200 record
+RECORD = ROOT / "docs" / "bench_h200_2026-12-03_variants.json"     # the variants' latest H200 record
 
 
 def test_notebook_08_h200_table_is_the_benchmark_record():
@@ -397,7 +397,7 @@ def test_notebook_08_h200_table_is_the_benchmark_record():
             key = (variant, "torch varlen_attn") if label.strip() == "varlen_attn" else others[label.strip()]
             assert (int(fwd), int(bwd)) == rate(key), (name, label)
     md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    assert "recorded" in md and "2026-12-02" in md and RECORD.name in md
+    assert "recorded" in md and "2026-12-03" in md and RECORD.name in md
 
 
 def test_notebook_08_links_resolve_and_prose_matches_the_record():
