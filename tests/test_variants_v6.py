@@ -207,3 +207,16 @@ def test_gpu_v6_gqa_on_strided_views_and_an_unchanged_sdpa_line():
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert (got.float() - want.float()).abs().max().item() < 2e-2
     assert any(p.fwd_version == "v6" for p in P._PLANS.values() if p.variant.features())
+
+
+def test_v6_refuses_variant_arguments_it_does_not_implement():
+    """A mask or dropout reaching v6 (only a forced version could send them) is an error, not ignored."""
+    p = P.plan(1, 2, 4096, 4096, 128, bf16, True, facts=H200)
+    assert forward_v6.variant_scalars(p, 0.1, softcap=None, dropout_p=0.0, seed=0, mask=None).causal
+    for bad in (dict(dropout_p=0.1), dict(mask=torch.ones(2, 3, dtype=torch.bool)), dict(slopes=torch.ones(2))):
+        with pytest.raises(ValueError, match="implements"):
+            forward_v6.variant_scalars(p, 0.1, **bad)
+    call = forward_v6.variant_scalars(P.plan(1, 2, 4096, 4096, 128, bf16, True, facts=H200,
+                                             variant=P.Variant(window=(100, -1))), 0.1, softcap=30.0)
+    assert (call.band, call.causal, call.left, call.right) == (True, False, 100, 0)   # causal folds into the band
+    assert call.softcap and abs(call.qk_scale - 30.0 * forward_v6.LOG2E) < 1e-9 and abs(call.cap_in - 0.1 / 30) < 1e-12

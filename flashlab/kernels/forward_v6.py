@@ -443,9 +443,10 @@ def variant_scalars(plan, scale: float, softcap=None, **others) -> VariantCall:
     The band is the window's (Variant.band, -1 unbounded given as past every key); plain causal attention keeps
     the causal kernel (its longest-first order and one masked diagonal).  Soft-cap: qk_scale = c log2(e) and
     cap_in = scale / c (the scores become c tanh(s scale / c) in base 2); else qk_scale = scale log2(e)."""
-    extra = {k: v for k, v in others.items() if v is not None and v is not False and v != 0}
+    extra = sorted(k for k, v in others.items()
+                   if not (v is None or v is False or (isinstance(v, (int, float)) and v == 0)))
     if extra:   # the plan runs v6 only for the features in SUPPORTS; anything else here is a caller's mistake
-        raise ValueError(f"v6 implements {sorted(SUPPORTS)} only, not {sorted(extra)}")
+        raise ValueError(f"v6 implements {sorted(SUPPORTS)} only, not {extra}")
     var = plan.variant
     band = var.band(plan.causal) if var.window is not None else None
     big = plan.Nq + plan.Nk + 256
