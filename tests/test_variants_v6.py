@@ -21,8 +21,8 @@ bf16, fp16 = torch.bfloat16, torch.float16
 
 
 def test_v6_declares_what_it_implements():
-    assert forward_v6.SUPPORTS == {"gqa", "window", "softcap", "varlen"}
-    assert backward_v6.SUPPORTS == {"gqa", "window", "softcap"}
+    assert forward_v6.SUPPORTS == {"gqa", "window", "softcap", "varlen", "dropout"}
+    assert backward_v6.SUPPORTS == {"gqa", "window", "softcap", "dropout"}
 
 
 @needs_gluon
@@ -34,9 +34,9 @@ def test_packed_sequences_force_forward_v6_but_not_backward_v6():
 
 
 @needs_gluon
-@pytest.mark.parametrize("var", [P.Variant(kv_groups=4), P.Variant(softcap=True), P.Variant(kv_groups=8, softcap=True)],
-                         ids=str)
-def test_plan_runs_v6_for_gqa_and_softcap(var):
+@pytest.mark.parametrize("var", [P.Variant(kv_groups=4), P.Variant(softcap=True), P.Variant(kv_groups=8, softcap=True),
+                                 P.Variant(dropout=True), P.Variant(kv_groups=4, softcap=True, dropout=True)], ids=str)
+def test_plan_runs_v6_for_gqa_softcap_and_dropout(var):
     p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)
     assert (p.fwd_version, p.bwd_version) == ("v6", "v6"), p
     assert p.backward[1].bh == 2 * 32 // var.kv_groups        # one program per K/V head's tile: dK, dV summed there
@@ -57,7 +57,10 @@ def test_plan_keeps_v4_v5_for_windows_and_packed_sequences_unless_forced(var):
 @needs_gluon
 @pytest.mark.parametrize("why,kw,want", [
     ("ALiBi is not v6's", dict(variant=P.Variant(kv_groups=4, alibi=True)), ("v4", "v5")),
-    ("dropout is not v6's", dict(variant=P.Variant(window=(64, 0), dropout=True)), ("v4", "v5")),
+    ("a window stays on v4 / v5, with dropout too", dict(variant=P.Variant(window=(64, 0), dropout=True)),
+     ("v4", "v5")),
+    ("deterministic dropout: forward v6, backward v5 (the same bits)",
+     dict(variant=P.Variant(dropout=True), deterministic=True), ("v6", "v5")),
     ("D = 64", dict(D=64), ("v4", "v5")),
     ("the 1024 bucket", dict(N=1000), ("v4", "v5")),
     ("not Hopper", dict(facts=P.SIMULATED["a100"]), ("v4", "v5")),
@@ -82,11 +85,13 @@ from flashlab.kernels import backward_v6, forward_v6
 out = []
 for mod, kw in ((forward_v6, dict(band=True, varlen=True)), (forward_v6, dict(softcap=True, causal=True)),
                 (backward_v6, dict(band=True, softcap=True, kv_group=2)), (backward_v6, dict(kv_group=4, causal=True)),
-                (backward_v6, dict(kv_group=4))):
+                (backward_v6, dict(kv_group=4)), (forward_v6, dict(dropout=True, causal=True)),
+                (backward_v6, dict(dropout=True, kv_group=2, causal=True))):
     k = mod.compile_sm90(**kw)
     ptx = k.asm["ptx"]
     out.append(dict(shared=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), tma="cp.async.bulk.tensor" in ptx,
-                    local="ld.local" in ptx or "st.local" in ptx, tanh_exp2=ptx.count("ex2.approx")))
+                    local="ld.local" in ptx or "st.local" in ptx, tanh_exp2=ptx.count("ex2.approx"),
+                    mulhi=ptx.count("mul.hi.u32")))
 print(json.dumps(out))
 """
 
@@ -95,12 +100,14 @@ print(json.dumps(out))
 def test_v6_variant_kernels_compile_for_sm90():
     """Each variant's constexpr branch compiles with this Triton and fits an H200's shared memory.  The backward's
     loops: the window's three (the band's two edges masked, the inside not), causal two, plain one; a GQA program
-    walks its group's query heads in one more loop around them, so its PTX holds each loop once."""
-    fb, fsc, bb, bgc, bg = compile_in_child(COMPILE, False)
-    for k in (fb, fsc, bb, bgc, bg):
+    walks its group's query heads in one more loop around them, so its PTX holds each loop once.  Dropout compiles
+    forward and backward (its Philox in integer multiplies: mul.hi)."""
+    fb, fsc, bb, bgc, bg, fd, bd = compile_in_child(COMPILE, False)
+    for k in (fb, fsc, bb, bgc, bg, fd, bd):
         assert k["shared"] <= H200.shared_memory and k["tma"] and not k["local"] and k["wgmma"] > 0
     assert fsc["tanh_exp2"] > fb["tanh_exp2"]                   # soft-cap's tanh adds exponentials
-    assert (bb["wgmma"], bgc["wgmma"], bg["wgmma"]) == (2 * 32 * 3, 2 * 32 * 2, 2 * 32)
+    assert fd["mulhi"] >= fb["mulhi"] + 40 and bd["mulhi"] >= bg["mulhi"] + 40   # Philox's rounds (2 a round)
+    assert (bb["wgmma"], bgc["wgmma"], bg["wgmma"], bd["wgmma"]) == (2 * 32 * 3, 2 * 32 * 2, 2 * 32, 2 * 32 * 2)
 
 
 # ------------------------------------------------------------------------------------------------- on the GPU
@@ -210,13 +217,93 @@ def test_gpu_v6_gqa_on_strided_views_and_an_unchanged_sdpa_line():
 
 
 def test_v6_refuses_variant_arguments_it_does_not_implement():
-    """A mask or dropout reaching v6 (only a forced version could send them) is an error, not ignored."""
+    """A mask or ALiBi reaching v6 (only a forced version could send them) is an error, not ignored."""
     p = P.plan(1, 2, 4096, 4096, 128, bf16, True, facts=H200)
     assert forward_v6.variant_scalars(p, 0.1, softcap=None, dropout_p=0.0, seed=0, mask=None).causal
-    for bad in (dict(dropout_p=0.1), dict(mask=torch.ones(2, 3, dtype=torch.bool)), dict(slopes=torch.ones(2))):
+    for bad in (dict(mask=torch.ones(2, 3, dtype=torch.bool)), dict(slopes=torch.ones(2))):
         with pytest.raises(ValueError, match="implements"):
             forward_v6.variant_scalars(p, 0.1, **bad)
     call = forward_v6.variant_scalars(P.plan(1, 2, 4096, 4096, 128, bf16, True, facts=H200,
                                              variant=P.Variant(window=(100, -1))), 0.1, softcap=30.0)
     assert (call.band, call.causal, call.left, call.right) == (True, False, 100, 0)   # causal folds into the band
     assert call.softcap and abs(call.qk_scale - 30.0 * forward_v6.LOG2E) < 1e-9 and abs(call.cap_in - 0.1 / 30) < 1e-12
+    drop = forward_v6.variant_scalars(p, 0.1, dropout_p=0.1, seed=(3 << 32) + 5)
+    assert drop.dropout and drop.p_drop == 26 / 256 and (drop.seed_lo, drop.seed_hi) == (5, 3)   # the rate in 256ths
+
+
+# ------------------------------------------------------------------------------------------------- dropout
+
+DROPOUT = [
+    # (label, B, H, Hk, Nq, Nk, dtype, kwargs)
+    ("p 0.1 causal gqa 4/2, ragged", 2, 4, 2, 1100, 1300, bf16, dict(is_causal=True, dropout_p=0.1, seed=3)),
+    ("p 0.3 non-causal, Nq > Nk, a seed past 2**32", 1, 2, 2, 1500, 1040, fp16,
+     dict(dropout_p=0.3, seed=(5 << 32) + 11)),
+    ("p 0.2 + window (200, 0) + softcap 20, large logits", 1, 2, 1, 1400, 1400, bf16,
+     dict(is_causal=True, window=(200, 0), softcap=20.0, dropout_p=0.2, seed=123456789)),
+]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("versions", [("v6", "v6"), ("v6", "v5"), ("v4", "v6")], ids="/".join)
+@pytest.mark.parametrize("case", DROPOUT, ids=[c[0] for c in DROPOUT])
+def test_gpu_v6_dropout_matches_float64(case, versions, monkeypatch):
+    """Forward and backward v6 with dropout against the float64 reference given the kernels' mask (variants.dropout_mask,
+    forward v4's): and paired with v4 / v5, whose masks must be the same bits."""
+    from flashlab import variants
+    from flashlab.reference import dropout_rate
+    label, B, H, Hk, Nq, Nk, dtype, kw = case
+    _force(monkeypatch, forward_version=versions[0], backward_version=versions[1])
+    try:
+        s = 3.0 if "large" in label else 1.0
+        q = (s * torch.randn(B, H, Nq, 128, device="cuda")).to(dtype)
+        k = (s * torch.randn(B, Hk, Nk, 128, device="cuda")).to(dtype)
+        v = torch.randn(B, Hk, Nk, 128, device="cuda").to(dtype)
+        keep = variants.dropout_mask(B, H, Nq, Nk, kw["dropout_p"], kw["seed"], device="cuda")
+        ref_kw = {n: x for n, x in kw.items() if n not in ("dropout_p", "seed")}
+        ref_kw.update(dropout_mask=keep, dropout_p=dropout_rate(kw["dropout_p"]))
+        from test_variants import _judge_all, _ref
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        o, lse = flashlab.flash_attention(qq, kk, vv, enable_gqa=True, return_lse=True, **kw)
+        do = torch.randn_like(o)
+        o.backward(do)
+        ref = _ref(q, k, v, torch.float64, do, **ref_kw)
+        same = _ref(q, k, v, torch.float32, do, **ref_kw)
+        _judge_all((o, lse, qq.grad, kk.grad, vv.grad), same, ref, dtype, label)
+        ran = [(p.fwd_version, p.bwd_version) for p in P._PLANS.values() if p.variant.features()]
+        assert ran and all(r == versions for r in ran), ran
+    finally:
+        P.forget()
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_v6_dropout_mask_bit_for_bit(monkeypatch):
+    """Q = 0 makes P uniform (1 / Nk), so with V one-hot on 128 keys O reads the forward's keep bits of those keys
+    exactly, and with dO one-hot on 128 rows dV reads the backward's: both must be reference.dropout_keep's, on a
+    second key tile and a second Q tile, for every (batch, head)."""
+    import numpy as np
+    from flashlab.reference import dropout_keep
+    _force(monkeypatch, forward_version="v6", backward_version="v6")
+    try:
+        B, H, Nq, Nk, p, seed = 2, 2, 300, 384, 0.25, 2**40 + 77
+        q = torch.zeros(B, H, Nq, 128, device="cuda", dtype=bf16, requires_grad=True)
+        k = torch.randn(B, H, Nk, 128, device="cuda", dtype=bf16, requires_grad=True)
+        eye = torch.eye(128, device="cuda", dtype=bf16)
+        v = torch.zeros(B, H, Nk, 128, device="cuda", dtype=bf16)
+        v[:, :, 256:] = eye                                           # keys 256 ... 383
+        v.requires_grad_()
+        o = flashlab.flash_attention(q, k, v, dropout_p=p, seed=seed)
+        do = torch.zeros_like(o)
+        do[:, :, 128:256] = eye                                       # rows 128 ... 255
+        o.backward(do)
+        for b in range(B):
+            for h in range(H):
+                want_f = dropout_keep(seed, b * H + h, np.arange(Nq), np.arange(256, 384), p)
+                got_f = (o[b, h].float() > 0).cpu().numpy()
+                assert (got_f == want_f).all(), f"forward bits, (b, h) = {b, h}: {(got_f != want_f).sum()} differ"
+                want_b = dropout_keep(seed, b * H + h, np.arange(128, 256), np.arange(Nk), p).T   # dV[j, c]: row 128 + c
+                got_b = (v.grad[b, h].float() > 0).cpu().numpy()
+                assert (got_b == want_b).all(), f"backward bits, (b, h) = {b, h}: {(got_b != want_b).sum()} differ"
+    finally:
+        P.forget()

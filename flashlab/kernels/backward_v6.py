@@ -82,7 +82,41 @@ ONLY_ON = "sm_90"
 
 
 if AVAILABLE:
-    from .forward_v6 import _descriptor, _longest_first, _sync, _tanh, _tma_load
+    from .forward_v6 import _descriptor, _dropout_scalars, _keep_words, _longest_first, _sync, _tanh, _tma_load
+
+    # Dropout's bits for S^T (64 keys x 64 rows a consumer; forward v6's mask, bit for bit).  In the wgmma layout a
+    # warp holds 16 keys, one group of 16 columns of the forward's mask: 4 groups x 64 rows = 256 Philox calls, two a
+    # thread in _DROP_CALLS_T (the warp picks the group, lanes and a register the row), their masks moved to the lanes
+    # that hold each row (_DROP_MASKS_T); (group, k, row) -> (16 group + k, row) is then S^T's wgmma layout.
+    _DROP_CALLS_T = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 32]], lane_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16]],
+        warp_bases=[[1, 0], [2, 0]], block_bases=[], shape=[4, 64]))
+    _DROP_BITS_T = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 8, 0], [0, 0, 8], [0, 0, 16], [0, 0, 32]],
+        lane_bases=[[0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+        warp_bases=[[1, 0, 0], [2, 0, 0]], block_bases=[], shape=[4, 16, 64]))
+    _DROP_MASKS_T = gl.constexpr(gl.SliceLayout(1, _DROP_BITS_T))
+
+    @gluon.jit
+    def _dropout_masks_t(drop, bh, row0, group0):
+        """Keep masks of a consumer's S^T tile (key groups group0 ... + 3, rows row0 ... + 63): (4, 64) words in
+        _DROP_MASKS_T, bit 8 (k % 4) + k // 4 of [g, r] the score (row r, key 16 (group0 + g) + k)'s."""
+        seed_lo, seed_hi, thr, _, _ = drop
+        groups = group0 + gl.arange(0, 4, layout=gl.SliceLayout(1, _DROP_CALLS_T))
+        rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(0, _DROP_CALLS_T))
+        words = _keep_words(seed_lo, seed_hi, bh.to(gl.uint32), rows[None, :], groups[:, None], thr)
+        return gl.convert_layout(words, _DROP_MASKS_T)
+
+    @gluon.jit
+    def _kept_t(x, masks, layout: gl.constexpr):
+        """x (S^T's wgmma layout) with the dropped scores at 0 (masks from _dropout_masks_t)."""
+        k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _DROP_BITS_T)))
+        # key k's bit, 8 (k % 4) + k // 4: k's bits 0-2 are the lane's (one shift a mask), bit 3 a register's
+        by_lane = gl.expand_dims(gl.expand_dims(8 * (k & 3) + ((k >> 2) & 1), 0), 2)
+        by_reg = gl.expand_dims(gl.expand_dims(2 * ((k >> 3) & 1), 0), 2)
+        keep = (((gl.expand_dims(masks, 1) >> by_lane) >> by_reg) & 1) != 0
+        keep = gl.convert_layout(keep.reshape([64, 64]), layout, assert_trivial=True)
+        return gl.where(keep, x, 0.0)
 
     if hasattr(tma, "async_atomic_add"):          # Triton >= 3.7
         @gluon.jit
@@ -101,7 +135,7 @@ if AVAILABLE:
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
                         CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, KV_GROUP: gl.constexpr,
-                        WG: gl.constexpr):
+                        DROPOUT: gl.constexpr, WG: gl.constexpr):
         """The producer (1 warp): K_j and V_j once, then, for each query head of the K/V head's group, Q_i and dO_i
         into stage it % STAGES when it is empty."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
@@ -136,14 +170,17 @@ if AVAILABLE:
 
     @gluon.jit
     def _consumer_steps(lo, hi, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta,
-                        qk_scale, cap_in, MASK: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                        WG: gl.constexpr):
+                        qk_scale, cap_in, drop, MASK: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
+                        DROPOUT: gl.constexpr, WG: gl.constexpr):
         """Q tiles lo ... hi - 1 of query head off_h's walk (the ring's steps base + lo ...): dK_w, dV_w updated and
         returned, dQ's share added.  MASK (the tiles on the diagonal or the band's edges only): a loop of its own,
         so that the other tiles' loop carries no mask (its indices cost registers, and registers here are short: a
         causal loop with them spilled).  BAND: the window's mask (else the causal one), and rows that see no key
         (LSE = -inf) taken as LSE = +inf, so their P = 0.  SOFTCAP: scores c tanh(s scale / c) (qk_scale = c log2 e,
-        cap_in = scale / c), and dS^T gains the factor 1 - tanh^2."""
+        cap_in = scale / c), and dS^T gains the factor 1 - tanh^2.  DROPOUT: forward v6's keep masks, made while S^T
+        and dP^T are on the tensor cores: dV_w += (P^T o Z) dO_i and dS^T = P^T o (dP^T o Z - D_i), Z the kept
+        scores' 1 / (1 - p), 0 elsewhere; here without Z's factor 1 / (1 - p), which the caller applies to dK and dV
+        and the launcher to dQ."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
         off_b, off_kv, n0, m_lo, n_iter, first = coords
@@ -193,6 +230,8 @@ if AVAILABLE:
             s_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(st), ph)
             dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if DROPOUT:   # keys n0 + 64 WG ... (four groups of 16, one a warp) x the tile's 64 rows
+                masks = _dropout_masks_t(drop, off_b * H + off_h, row0, (n0 + WG * HALF) // 16)
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))                     # S^T done; dP^T in flight
             if SOFTCAP:
                 s_t = _tanh(s_t * cap_in)
@@ -205,9 +244,15 @@ if AVAILABLE:
                     keep = keys[:, None] <= rows[None, :]
                 s_t = gl.where(keep, s_t, float("-inf"))     # (soft-cap: t stays unmasked; P = 0 zeroes dS there)
             p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))  # P^T <= 1 (keys past Nk too)
-            p16 = gl.convert_layout(p_t.to(dtype), a_op)
+            if DROPOUT:   # Z's 1 / (1 - p) is taken out of dV, dK and dQ and applied once, at their end
+                p16 = gl.convert_layout(_kept_t(p_t, masks, mma_s).to(dtype), a_op)
+            else:
+                p16 = gl.convert_layout(p_t.to(dtype), a_op)
             dv_tok = warpgroup_mma(p16, do_s, dv, is_async=True)             # dV_w += P^T dO_i
             dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))                   # dP^T done; dV in flight
+            if DROPOUT:   # dS^T (1 - p) = P^T o (dP^T o keep - D_i (1 - p))
+                dp_t = _kept_t(dp_t, masks, mma_s)
+                delta = delta * (1.0 / drop[3])
             if SOFTCAP:                                                    # d(c tanh(x / c)) / dx = 1 - tanh^2
                 ds16 = (p_t * (dp_t - delta[None, :]) * (1.0 - t * t)).to(dtype)
             else:
@@ -236,7 +281,8 @@ if AVAILABLE:
 
     @gluon.jit
     def _walk(off_h, base, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale, cap_in,
-              CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, WG: gl.constexpr):
+              drop, CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, DROPOUT: gl.constexpr,
+              WG: gl.constexpr):
         """Query head off_h's Q tiles (the ring's steps from base).  Those that need the mask (the band's edges;
         causal, the two on the diagonal, where the kernel starts such a program) run in loops of their own."""
         off_b, off_kv, n0, m_lo, n_iter, first = coords
@@ -247,33 +293,34 @@ if AVAILABLE:
             inside = gl.where(t >= 0, t // 64 + 1, 0)                    # Q tiles 0 ... t // 64 pass the left edge
             n_b = gl.minimum(gl.maximum(inside - m_lo, n_a), n_iter)
             dk, dv = _consumer_steps(0, n_a, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
-                                     LSE, Delta, qk_scale, cap_in, True, True, SOFTCAP, WG)
+                                     LSE, Delta, qk_scale, cap_in, drop, True, True, SOFTCAP, DROPOUT, WG)
             dk, dv = _consumer_steps(n_a, n_b, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
-                                     LSE, Delta, qk_scale, cap_in, False, True, SOFTCAP, WG)
+                                     LSE, Delta, qk_scale, cap_in, drop, False, True, SOFTCAP, DROPOUT, WG)
             dk, dv = _consumer_steps(n_b, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, True, True, SOFTCAP, WG)
+                                     band, LSE, Delta, qk_scale, cap_in, drop, True, True, SOFTCAP, DROPOUT, WG)
         elif CAUSAL:
             n_diag = gl.minimum(n_iter, 2)
             dk, dv = _consumer_steps(0, n_diag, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, True, False, SOFTCAP, WG)
+                                     band, LSE, Delta, qk_scale, cap_in, drop, True, False, SOFTCAP, DROPOUT, WG)
             dk, dv = _consumer_steps(n_diag, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords,
-                                     sizes, band, LSE, Delta, qk_scale, cap_in, False, False, SOFTCAP, WG)
+                                     sizes, band, LSE, Delta, qk_scale, cap_in, drop, False, False, SOFTCAP, DROPOUT,
+                                     WG)
         else:
             dk, dv = _consumer_steps(0, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, False, False, SOFTCAP, WG)
+                                     band, LSE, Delta, qk_scale, cap_in, drop, False, False, SOFTCAP, DROPOUT, WG)
         return dk, dv
 
     @gluon.jit
     def _consumer_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
                             CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, KV_GROUP: gl.constexpr,
-                            WG: gl.constexpr):
+                            DROPOUT: gl.constexpr, WG: gl.constexpr):
         """A consumer warpgroup: keys n0 + 64 WG ... + 63; dK, dV for them (summed over the K/V head's group of
         query heads), dQ's columns 64 WG ... + 63."""
         kv_bar = bars[0]
         off_b, off_kv, n0, m_lo, n_iter, first = coords
         Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
         LSE, Delta, DK, DV = ptrs
-        qk_scale, sm_scale, band, cap_in = scales
+        qk_scale, sm_scale, band, cap_in, drop = scales
         dtype: gl.constexpr = q_desc.dtype
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
         HALF: gl.constexpr = 64
@@ -286,10 +333,10 @@ if AVAILABLE:
         if KV_GROUP > 1:      # the group's query heads one after the other, dK and dV summed in registers
             for g in range(KV_GROUP):
                 dk, dv = _walk(off_kv * KV_GROUP + g, g * n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                               band, LSE, Delta, qk_scale, cap_in, CAUSAL, BAND, SOFTCAP, WG)
+                               band, LSE, Delta, qk_scale, cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG)
         else:
             dk, dv = _walk(off_kv, 0, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale,
-                           cap_in, CAUSAL, BAND, SOFTCAP, WG)
+                           cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG)
         tma.store_wait(0)
 
         kd = n0 + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_d))
@@ -297,17 +344,21 @@ if AVAILABLE:
         off = (off_b.to(gl.int64) * stride_db + off_kv.to(gl.int64) * stride_dh
                + kd[:, None].to(gl.int64) * stride_dn + offs_d[None, :])
         ok = (kd < Nk)[:, None]
-        gl.store(DK + off, (dk * sm_scale).to(dtype), mask=ok)
-        gl.store(DV + off, dv.to(dtype), mask=ok)
+        if DROPOUT:   # Z's factor 1 / (1 - p), left out of the steps
+            gl.store(DK + off, (dk * (sm_scale * drop[3])).to(dtype), mask=ok)
+            gl.store(DV + off, (dv * drop[3]).to(dtype), mask=ok)
+        else:
+            gl.store(DK + off, (dk * sm_scale).to(dtype), mask=ok)
+            gl.store(DV + off, dv.to(dtype), mask=ok)
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["seed_lo", "seed_hi"])
     def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV,
                             stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm,
-                            H, Nq, Nk, sm_scale, qk_scale, GROUP, left, right, cap_in,
+                            H, Nq, Nk, sm_scale, qk_scale, GROUP, left, right, cap_in, seed_lo, seed_hi, p_drop,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             SPREAD: gl.constexpr = True, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                            KV_GROUP: gl.constexpr = 1):
+                            KV_GROUP: gl.constexpr = 1, DROPOUT: gl.constexpr = False):
         """One program: BLOCK_N = 128 keys of one (batch, K/V head); a 1-D grid of K tiles x B * H / KV_GROUP, the
         tile index fastest.  dK and dV are written with dK's strides (the launcher makes dV's alike), summed over the
         KV_GROUP query heads that read the K/V head (GQA: one program owns each dK, dV row, no atomics).  SPREAD:
@@ -370,17 +421,18 @@ if AVAILABLE:
             band = (left, right)
         else:
             band = (0, 0)
+        drop = _dropout_scalars(seed_lo, seed_hi, p_drop, m_lo, DROPOUT)   # bh unused: each query head's (_consumer_steps)
         if SOFTCAP:
-            scales = (qk_scale, sm_scale, band, cap_in)
+            scales = (qk_scale, sm_scale, band, cap_in, drop)
         else:
-            scales = (qk_scale, sm_scale, band, 1.0)
+            scales = (qk_scale, sm_scale, band, 1.0, drop)
         gl.warp_specialize([
             (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, 0)),
+                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 0)),
             (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, 1)),
+                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                               CAUSAL, BAND, SOFTCAP, KV_GROUP, 1)),
+                               CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -395,7 +447,8 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
     return {"bwd": (cands, [])}
 
 
-def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: bool = False, kv_group: int = 1):
+def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: bool = False, kv_group: int = 1,
+         dropout: bool = False):
     gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
     fn = flash_bwd_kernel_v6
     sig = {n: "i32" for n in fn.arg_names}
@@ -405,21 +458,21 @@ def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: boo
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], g)
         sig[name] = f"tensordesc<{dt}[1, 1, {rows}, {cols}],{layout!r}>"
     sig.update(LSE="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32",
-               cap_in="fp32")
+               cap_in="fp32", p_drop="fp32")
     consts = dict(CAUSAL=causal, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-                  BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group)
+                  BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group, DROPOUT=dropout)
     sig.update({k: "constexpr" for k in consts})
     return fn, sig, consts
 
 
 def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 2, band: bool = False,
-                 softcap: bool = False, kv_group: int = 1):
+                 softcap: bool = False, kv_group: int = 1, dropout: bool = False):
     """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only); needs ``TRITON_INTERPRET=0``.
-    band, softcap, kv_group: the variants' kernels."""
+    band, softcap, kv_group, dropout: the variants' kernels."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    fn, sig, consts = _sig(dtype, causal, stages, band, softcap, kv_group)
+    fn, sig, consts = _sig(dtype, causal, stages, band, softcap, kv_group, dropout)
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
 
@@ -450,14 +503,15 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
         _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
         *dk_out.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, call.qk_scale, group,
-        call.left, call.right, call.cap_in,
+        call.left, call.right, call.cap_in, call.seed_lo, call.seed_hi, call.p_drop,
         CAUSAL=call.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
         STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
-        KV_GROUP=plan.variant.kv_groups, num_warps=cfg.num_warps, maxnreg=MAXNREG)
+        KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, num_warps=cfg.num_warps, maxnreg=MAXNREG)
     if dk_out is not dk:
         dk.copy_(dk_out)
     if dv_out is not dv:
         dv.copy_(dv_out)
     if not step.verified:
         step.fell_back(cfg, [])
-    torch.mul(dq_acc, scale, out=dq)
+    # dQ = scale * buffer (dropout: and Z's 1 / (1 - p), which the steps leave out)
+    torch.mul(dq_acc, scale / (1.0 - call.p_drop), out=dq)

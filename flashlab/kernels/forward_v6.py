@@ -54,6 +54,7 @@ import torch
 
 from . import tiles
 from .tiles import C
+from ..reference import dropout_rate
 
 try:
     from triton.experimental import gluon
@@ -70,7 +71,7 @@ LN2 = 0.6931471805599453
 MAXNREG = 168          # 12 warps (4 + 4 + the producer's, rounded up to a warpgroup) x 32 threads x 168 <= 65,536
 CONSUMER_REGS = 240    # per consumer thread after the producer gives its registers back (24 each)
 
-SUPPORTS = frozenset({"gqa", "window", "softcap", "varlen"})
+SUPPORTS = frozenset({"gqa", "window", "softcap", "varlen", "dropout"})
 HEAD_DIMS = (128,)
 ONLY_ON = "sm_90"      # not among the versions every machine runs (plan.FORWARD_VERSIONS)
 
@@ -97,9 +98,9 @@ if AVAILABLE:
             gl.thread_barrier()
 
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
+    def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
                         CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                        SAFE: gl.constexpr, WG: gl.constexpr):
+                        SAFE: gl.constexpr, DROPOUT: gl.constexpr, WG: gl.constexpr):
         """The producer (1 warp): Q's two halves once, then K_j, V_j (FP8: V_j^T) into stage j % STAGES when it
         is empty."""
         q_smem, k_smem, v_smem, p_all = bufs
@@ -153,6 +154,99 @@ if AVAILABLE:
         """tanh from exp2, stable at both ends, with the approximate division (forward v4's soft-cap)."""
         return 1.0 - gl.fdiv(gl.full(x.shape, 2.0, gl.float32, x.type.layout), gl.exp2(x * 2.8853900817779268) + 1.0)
 
+    # Dropout's bits, made where each thread computes distinct Philox calls and moved to the wgmma layout as 16-bit
+    # masks (forward v4's mask, bit for bit: flashlab.reference.dropout_keep).  A consumer's S tile is 64 rows x 128
+    # columns, 8 groups of 16 columns a row: 512 Philox calls, 4 a thread in _DROP_CALLS (lane bits 0-1 and register
+    # bit 1 pick the group; the rows are the wgmma layout's: lane bits 2-4, register bit 0 (+8), the warp (+16)).
+    # Each call's 16 keep bits (column 16 g + k: byte k % 4 of word k // 4 >= 256 p) go, one word a (row, group),
+    # to the four lanes of the quad that hold the row (_DROP_MASKS, replicated over lane bits 0-1); there
+    # (row, group, k) -> (row, 16 g + k) is exactly the wgmma accumulator's layout (_DROP_BITS reshaped).
+    # In the wgmma layout itself each call would run four times, once per lane of a quad (forward v4's lesson).
+    _DROP_CALLS = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[8, 0], [0, 4]], lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+        warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 8]))
+    _DROP_BITS = gl.constexpr(gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
+        lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 8, 16]))
+    _DROP_MASKS = gl.constexpr(gl.SliceLayout(2, _DROP_BITS))
+
+    @gluon.jit
+    def _philox(seed_lo, seed_hi, c0, c1, c2, ROUNDS: gl.constexpr = 10):
+        """Philox-4x32 (key: the seed's two halves; counter (c0, c1, c2, 0), uint32 tensors): tl.philox's
+        rounds, which Gluon does not name."""
+        k0 = seed_lo
+        k1 = seed_hi
+        c3 = c2 * 0
+        for _ in gl.static_range(ROUNDS):
+            a0 = c0
+            a2 = c2
+            c0 = gl.umulhi(0xCD9E8D57, a2) ^ c1 ^ k0
+            c2 = gl.umulhi(0xD2511F53, a0) ^ c3 ^ k1
+            c1 = a2 * 0xCD9E8D57
+            c3 = a0 * 0xD2511F53
+            k0 = k0 + 0x9E3779B9
+            k1 = k1 + 0xBB67AE85
+        return c0, c1, c2, c3
+
+    @gluon.jit
+    def _bytes_kept(w, thr):
+        """The top bit of each byte of w: that byte >= thr's byte (thr: 256 p in every byte), four compares in one
+        word: with x = w | 0x80 and y = thr & 0x7f a byte's x - y borrows from no other byte, its top bit is
+        (w & 0x7f) >= (thr & 0x7f), and w >= thr is the majority of w's top bit, thr's inverted top bit and that."""
+        d = (w | 0x80808080) - (thr & 0x7F7F7F7F)
+        return ((w & ~thr) | (w & d) | (~thr & d)) & 0x80808080
+
+    @gluon.jit
+    def _keep_words(seed_lo, seed_hi, bh, rows, groups, thr):
+        """One keep mask per (row, group of 16 columns) (rows and groups broadcastable 2-D, any layout): counter
+        (g, row, bh, 0), column 16 g + k kept when byte k % 4 of word k // 4 >= 256 p (thr: 256 p in each byte);
+        its bit is 8 (k % 4) + k // 4 of the mask (_dropped reads it there)."""
+        c0 = (groups + rows * 0).to(gl.uint32)
+        c1 = (rows + groups * 0).to(gl.uint32)
+        w0, w1, w2, w3 = _philox(seed_lo, seed_hi, c0, c1, c0 * 0 + bh)
+        return ((_bytes_kept(w0, thr) >> 7) | (_bytes_kept(w1, thr) >> 6) | (_bytes_kept(w2, thr) >> 5)
+                | (_bytes_kept(w3, thr) >> 4))
+
+    @gluon.jit
+    def _dropout_masks(drop, first_row, col0):
+        """Keep masks of a consumer's S tile (rows first_row ... + 63, columns col0 ... + 127): (64, 8) words in
+        _DROP_MASKS, bit k of [r, g] the score (r, 16 g + k)'s.  drop: (seed_lo, seed_hi, thr, 1 / (1 - p), bh)."""
+        seed_lo, seed_hi, thr, _, bh = drop
+        rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, _DROP_CALLS))
+        groups = col0 // 16 + gl.arange(0, 8, layout=gl.SliceLayout(0, _DROP_CALLS))
+        return gl.convert_layout(_keep_words(seed_lo, seed_hi, bh, rows[:, None], groups[None, :], thr), _DROP_MASKS)
+
+    @gluon.jit
+    def _dropout_scalars(seed_lo, seed_hi, p_drop, bh, DROPOUT: gl.constexpr):
+        """(seed_lo, seed_hi, thr, 1 / (1 - p), bh) as _dropout_masks takes them (unused without DROPOUT): the seed's
+        halves as uint32, thr = 256 p in each byte (p a whole number of 1/256ths: reference.dropout_rate)."""
+        if DROPOUT:
+            lo = seed_lo.to(gl.uint32)
+            hi = seed_hi.to(gl.uint32)
+            thr = (p_drop * 256.0 + 0.5).to(gl.int32).to(gl.uint32) * 0x01010101
+            inv = 1.0 / (1.0 - p_drop)
+            b = bh.to(gl.uint32)
+        else:
+            lo = 0
+            hi = 0
+            thr = 0
+            inv = 1.0
+            b = 0
+        return lo, hi, thr, inv, b
+
+    @gluon.jit
+    def _dropped(p, masks, layout: gl.constexpr):
+        """P with the dropped scores at 0 (masks from _dropout_masks; p in the consumer's wgmma layout)."""
+        k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(0, _DROP_BITS)))
+        # column k's bit, 8 (k % 4) + k // 4, as the part that depends on the lane (k's bits 1 and 2: the same for
+        # all of a thread's columns, so one shift a mask) and the part that a register fixes (bits 0 and 3)
+        by_lane = gl.expand_dims(gl.expand_dims(16 * ((k >> 1) & 1) + ((k >> 2) & 1), 0), 0)
+        by_reg = gl.expand_dims(gl.expand_dims(8 * (k & 1) + 2 * ((k >> 3) & 1), 0), 0)
+        keep = (((gl.expand_dims(masks, 2) >> by_lane) >> by_reg) & 1) != 0
+        keep = gl.convert_layout(keep.reshape([64, 128]), layout, assert_trivial=True)
+        return gl.where(keep, p, 0.0)
+
     @gluon.jit
     def _safe(m, SAFE: gl.constexpr):
         """The running maximum to subtract: BAND and VARLEN rows may have seen no key yet (m = -inf), and -inf - -inf
@@ -170,10 +264,12 @@ if AVAILABLE:
             return v_smem.index(st).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
-    def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
+    def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
                             CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                            SAFE: gl.constexpr, WG: gl.constexpr):
+                            SAFE: gl.constexpr, DROPOUT: gl.constexpr, WG: gl.constexpr):
         """A consumer warpgroup: rows row0 + WG * 64 ... + 63 of the tile, online softmax with overlapped wgmmas.
+        DROPOUT: P's dropped scores set to 0 after its row sums (the softmax is the undropped one), the kept ones
+        scaled by 1 / (1 - p) once, on O; the keep masks of tile j made while S_j is on the tensor cores.
         FP8: Q, K, V^T in e4m3 with one float32 scale per (batch, head); P rounded to e4m3 for P V (its row sums
         taken before) through this warpgroup's P tile in shared memory; the scales applied to the scores' exponent
         and to O."""
@@ -196,6 +292,8 @@ if AVAILABLE:
             qk_scale = qk_scale * gl.load(QS + off_b * stride_qsb + off_h * stride_qsh) \
                 * gl.load(KS + off_b * stride_ksb + off_kv * stride_ksh)
             v_scale = gl.load(VS + off_b * stride_vsb + off_kv * stride_vsh)
+        if DROPOUT:
+            v_scale = v_scale * drop[3]
         first_row = row0 + WG * HALF
         # key tiles 0 ... full - 1 need no mask for any of this warpgroup's rows
         full = Nk // BLOCK_N
@@ -222,6 +320,8 @@ if AVAILABLE:
         m_i = gl.max(s, axis=1) * qk_scale
         p = gl.exp2(s * qk_scale - _safe(m_i, SAFE)[:, None])
         l_i = gl.sum(p, axis=1)
+        if DROPOUT:
+            p = _dropped(p, _dropout_masks(drop, first_row, j0 * BLOCK_N), mma)
         for j in range(1, n_tiles):
             st = j % STAGES
             prev = (j - 1) % STAGES
@@ -237,6 +337,8 @@ if AVAILABLE:
             else:
                 p16 = gl.convert_layout(p.to(dtype), p_op)
                 acc_tok = warpgroup_mma(p16, _v_operand(v_smem, prev, BLOCK_N, HEAD_DIM, FP8), acc, is_async=True)
+            if DROPOUT:   # tile j's keep masks while S_j and P_{j-1} V_{j-1} are on the tensor cores
+                masks = _dropout_masks(drop, first_row, (j0 + j) * BLOCK_N)
             s = warpgroup_mma_wait(1, deps=(s_tok,))                   # S_j done; P_{j-1} V_{j-1} in flight
             if SOFTCAP:
                 s = _tanh(s * cap_in)
@@ -248,6 +350,8 @@ if AVAILABLE:
             p = gl.exp2(s * qk_scale - m_use[:, None])
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
+            if DROPOUT:
+                p = _dropped(p, masks, mma)
             if FP8:
                 acc = warpgroup_mma_wait(0, deps=(acc_tok,))
             else:
@@ -295,15 +399,16 @@ if AVAILABLE:
         r = pid - sec * per
         return r // heads, sec * GROUP + r % heads
 
-    @gluon.jit
+    @gluon.jit(do_not_specialize=["seed_lo", "seed_hi"])
     def flash_fwd_kernel_v6(q_desc, k_desc, v_desc, O, LSE, QS, KS, VS,
                             stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
                             stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
                             H, KV_GROUP, Nq, Nk, qk_scale, GROUP, left, right, cap_in, CU_Q, CU_K,
+                            seed_lo, seed_hi, p_drop,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             FP8: gl.constexpr = False, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                            VARLEN: gl.constexpr = False):
+                            VARLEN: gl.constexpr = False, DROPOUT: gl.constexpr = False):
         """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
         fastest (common.program_tile's order: programs launched together share K and V in L2); causal, the
         longest rows first over sections of GROUP heads (_longest_first).  K and V have H / KV_GROUP heads.
@@ -375,13 +480,14 @@ if AVAILABLE:
             coords = (off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0)
         sizes = (Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, (left, right), cap_in)
         descale = (QS, KS, VS, stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh)
+        drop = _dropout_scalars(seed_lo, seed_hi, p_drop, bh, DROPOUT)
         gl.warp_specialize([
-            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, 0)),
-            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, 1)),
-            (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale,
-                               CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, 1)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
+                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, 0)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
+                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, 1)),
+            (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
+                               CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, 1)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -397,10 +503,11 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
 
 
 def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, band: bool = False,
-                 softcap: bool = False, varlen: bool = False):
+                 softcap: bool = False, varlen: bool = False, dropout: bool = False):
     """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only): what a machine without a
     Hopper GPU can check of v6.  Needs compiled mode (``TRITON_INTERPRET=0``): Gluon has no interpreter.
-    dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16); band, softcap, varlen: the variants' kernels."""
+    dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16); band, softcap, varlen, dropout: the variants'
+    kernels."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -412,9 +519,9 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, ban
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, 128], gdt)
         sig[name] = f"tensordesc<{dtype}[1, 1, {rows}, 128],{layout!r}>"
     sig.update(O="*bf16" if fp8 else f"*{dtype}", LSE="*fp32", QS="*fp32", KS="*fp32", VS="*fp32", qk_scale="fp32",
-               cap_in="fp32", CU_Q="*i32", CU_K="*i32")
+               cap_in="fp32", CU_Q="*i32", CU_K="*i32", p_drop="fp32")
     consts = dict(CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-                  FP8=fp8, BAND=band, SOFTCAP=softcap, VARLEN=varlen)
+                  FP8=fp8, BAND=band, SOFTCAP=softcap, VARLEN=varlen, DROPOUT=dropout)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
@@ -436,13 +543,19 @@ class VariantCall(NamedTuple):
     right: int
     qk_scale: float
     cap_in: float
+    dropout: bool = False
+    p_drop: float = 0.0   # the rate applied, a whole number of 1/256ths (reference.dropout_rate)
+    seed_lo: int = 0      # the seed's low and high 32 bits (Philox's key)
+    seed_hi: int = 0
 
 
-def variant_scalars(plan, scale: float, softcap=None, **others) -> VariantCall:
+def variant_scalars(plan, scale: float, softcap=None, dropout_p: float = 0.0, seed: int = 0,
+                    **others) -> VariantCall:
     """What v6 (forward and backward) takes of a variant call.
     The band is the window's (Variant.band, -1 unbounded given as past every key); plain causal attention keeps
     the causal kernel (its longest-first order and one masked diagonal).  Soft-cap: qk_scale = c log2(e) and
-    cap_in = scale / c (the scores become c tanh(s scale / c) in base 2); else qk_scale = scale log2(e)."""
+    cap_in = scale / c (the scores become c tanh(s scale / c) in base 2); else qk_scale = scale log2(e).  Dropout:
+    forward v4's mask (reference.dropout_keep), its rate rounded to 1/256ths, the seed split into Philox's key."""
     extra = sorted(k for k, v in others.items()
                    if not (v is None or v is False or (isinstance(v, (int, float)) and v == 0)))
     if extra:   # the plan runs v6 only for the features in SUPPORTS; anything else here is a caller's mistake
@@ -452,7 +565,10 @@ def variant_scalars(plan, scale: float, softcap=None, **others) -> VariantCall:
     big = plan.Nq + plan.Nk + 256
     left, right = (0, 0) if band is None else tuple(big if x < 0 else x for x in band)
     qk, cap_in = (scale * LOG2E, 1.0) if softcap is None else (float(softcap) * LOG2E, scale / float(softcap))
-    return VariantCall(plan.causal and band is None, band is not None, softcap is not None, left, right, qk, cap_in)
+    drop = dropout_p > 0
+    seed = int(seed) if drop else 0
+    return VariantCall(plan.causal and band is None, band is not None, softcap is not None, left, right, qk, cap_in,
+                       drop, dropout_rate(dropout_p) if drop else 0.0, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
 
 
 def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
@@ -489,9 +605,9 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
                 _descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
                 o, lse, lse, lse, lse, *o.stride()[:3], *lse_strides, 0, 0, 0, 0, 0, 0,
                 plan.H, plan.variant.kv_groups, plan.Nq, plan.Nk, call.qk_scale, group, call.left, call.right,
-                call.cap_in, cu_q, cu_k, CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n,
+                call.cap_in, cu_q, cu_k, call.seed_lo, call.seed_hi, call.p_drop, CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n,
                 HEAD_DIM=plan.D, STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band,
-                SOFTCAP=call.softcap, VARLEN=varlen, num_warps=cand.num_warps, maxnreg=MAXNREG)
+                SOFTCAP=call.softcap, VARLEN=varlen, DROPOUT=call.dropout, num_warps=cand.num_warps, maxnreg=MAXNREG)
             if cand != cfg or not step.verified:
                 step.fell_back(cand, errors)
             return
@@ -532,6 +648,6 @@ def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, cau
     flash_fwd_kernel_v6[grid](
         _descriptor(q8, 64), _descriptor(k8, 128), _descriptor(vt8, 128, 128), o, lse, q_scale, k_scale, v_scale,
         *o.stride()[:3], *lse.stride(), *q_scale.stride(), *k_scale.stride(), *v_scale.stride(),
-        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group, 0, 0, 1.0, lse, lse,
+        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group, 0, 0, 1.0, lse, lse, 0, 0, 0.0,
         CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
         FP8=True, num_warps=4, maxnreg=MAXNREG)

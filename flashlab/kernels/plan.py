@@ -81,7 +81,8 @@ ONE_PASS_MIN_ROWS = 1 << 16
 # scripts/v6_variant_probe.py) v6's window forward measured 0.62-1.23x v4 at 256-1024 keys from run to run (v4 the
 # same in every run), its backward 0.97-1.05x v5, and documents of 2048 rows forward 0.76x v4 (8192: 1.01x).  A v6
 # program spends about as long starting and ending as on a few key tiles, and fills a multiprocessor's shared memory.
-V6_PLANNED = frozenset({"gqa", "softcap"})
+# Dropout in v6 (its Philox bits the same as v4 / v5's) measured 1.3x v4 / v5 with dropout (scripts/dropout_v6_probe.py).
+V6_PLANNED = frozenset({"gqa", "softcap", "dropout"})
 
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
 
@@ -387,9 +388,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       1.16-1.25x v4 and 1.04-1.09x v2 causal (docs/BENCHMARKS.md, 2026-12-03).
 
     A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
-    covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA and soft-cap where
-    the plain policy runs v6 (they implement windows, and the forward packed sequences, too, but measured no faster
-    there); elsewhere, and for windows, ALiBi, masks, dropout and packed sequences, forward v4 and backward v5, whose
+    covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA, soft-cap and dropout
+    where the plain policy runs v6 (they implement windows, and the forward packed sequences, too, but measured no
+    faster there); elsewhere, and for windows, ALiBi, masks and packed sequences, forward v4 and backward v5, whose
     hand-picked tiles are forward v2's and backward v2's.
 
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
@@ -460,9 +461,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
 def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, deterministic: bool, variant: Variant,
                       rows) -> tuple:
     """The newest versions whose ``SUPPORTS`` covers the call's features.  Forward and backward v6 (GQA, windows,
-    soft-cap; the forward packed sequences too) for the features in V6_PLANNED (GQA, soft-cap) only, where the plain
-    policy runs v6 (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM; the backward also not deterministic
-    and not small); forward v4 and backward v5 otherwise (they implement every feature, run everywhere, and backward
+    soft-cap, dropout; the forward packed sequences too) for the features in V6_PLANNED (GQA, soft-cap, dropout) only,
+    where the plain policy runs v6 (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM; the backward also
+    not deterministic and not small); forward v4 and backward v5 otherwise (they implement every feature, run everywhere, and backward
     v5 is deterministic)."""
     feats = variant.features()
     names = ", ".join(sorted(feats))
