@@ -1,4 +1,4 @@
-"""Attention variants on a GPU: flashlab (the plan's versions: forward / backward v6 for GQA and soft-cap on an sm_90
+"""Attention variants on a GPU: flashlab (the plan's versions: forward / backward v6 for GQA, soft-cap and dropout on an sm_90
 GPU at D = 128, forward v4 / backward v5 otherwise) beside FlexAttention and SDPA.
 
     python scripts/bench_variants.py [--quick] [--json out.json] [--only gqa,window,...] [--no-check]

@@ -373,7 +373,7 @@ def test_a_named_bug_is_never_a_wrong_diagnosis():
 
 # ----------------------------------------------------------------------------------------- notebook 08's record
 
-RECORD = ROOT / "docs" / "bench_h200_2026-12-03_variants.json"     # the variants' latest H200 record
+RECORD = ROOT / "docs" / "bench_h200_2026-12-03_variants_dropout.json"     # the variants' latest H200 record
 
 
 def test_notebook_08_h200_table_is_the_benchmark_record():
@@ -386,7 +386,7 @@ def test_notebook_08_h200_table_is_the_benchmark_record():
                 "soft-cap": ("softcap", "flashlab"), "padding": ("padding", "flashlab"),
                 "dropout": ("dropout", "flashlab p=0.1")}
     others = {"cuDNN": ("gqa", "sdpa-cudnn"), "SDPA flash": ("gqa", "sdpa-flash"),
-              "SDPA efficient": ("padding", "sdpa-efficient"), "without dropout": ("dropout", "flashlab v4/v5, no dropout")}
+              "SDPA efficient": ("padding", "sdpa-efficient"), "without dropout": ("dropout", "flashlab p=0.0")}
     rate = lambda key: (round(rec[key]["fwd_tflops"]), round(rec[key]["bwd_tflops"]))  # noqa: E731
     for name, _shape, ours, flex, other in table:
         variant, provider = next(v for k, v in ours_key.items() if k in name)
@@ -414,6 +414,6 @@ def test_notebook_08_links_resolve_and_prose_matches_the_record():
     md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     rec = {(r["variant"], r["provider"]): r for r in json.loads(RECORD.read_text())["rows"]}
     t_drop = rec[("dropout", "flashlab p=0.1")]["fwd_ms"] + rec[("dropout", "flashlab p=0.1")]["bwd_ms"]
-    t_plain = rec[("dropout", "flashlab v4/v5, no dropout")]["fwd_ms"] + rec[("dropout", "flashlab v4/v5, no dropout")]["bwd_ms"]
+    t_plain = rec[("dropout", "flashlab p=0.0")]["fwd_ms"] + rec[("dropout", "flashlab p=0.0")]["bwd_ms"]
     assert f"{t_drop:.2f} ms against {t_plain:.2f} ms" in md and f"{t_plain / t_drop:.2f}× the speed" in md
     assert f"about {t_drop / t_plain:.1f}×" in md

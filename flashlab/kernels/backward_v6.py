@@ -34,9 +34,9 @@ Triton 3.9's build spills otherwise (its loop without the mask: 0-16 stores and 
 non-causal loop 3-4 and 12-31) and has not been timed.
 Causal grids run longest first by sections of heads (tiles.head_group).
 
-**The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap), constexpr branches that leave the
-plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a tile).  The plan runs
-GQA and soft-cap here (plan.V6_PLANNED); a window measured as fast in backward v5, which is deterministic, and runs
+**The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap, dropout), constexpr branches that leave
+the plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a tile).  The plan
+runs GQA, soft-cap and dropout here (plan.V6_PLANNED); a window measured as fast in backward v5, which is deterministic, and runs
 there unless a caller forces v6:
 - GQA: a program owns a K/V head's 128 keys and walks the Q tiles of each of the KV_GROUP query heads that read
   them in turn (the ring's steps continue across heads), summing dK and dV in registers: no atomics for them.
@@ -46,6 +46,10 @@ there unless a caller forces v6:
   a row that saw no key (LSE = -inf) is taken as LSE = +inf there, so its P = 0.
 - SOFTCAP: P from c tanh(S scale / c), and dS^T = P^T o (dP^T - D_i) o (1 - tanh^2); tanh stays in registers
   through dP^T's wait (32 a thread, which spills: the soft-cap loop stores and loads ~60 values a tile).
+- DROPOUT: forward v6's mask regenerated once (backward v5 draws it in both its kernels), S^T's keep masks made
+  while S^T and dP^T are on the tensor cores; Z's factor 1 / (1 - p) is applied to dK, dV and dQ once, at the end.
+  Its loop spills too (sm_90, triton 3.6: 1,186 instructions a step with 48 local stores and 71 loads, against 648,
+  8 and 14 without): the masks (16 registers) and Philox's live beside dK and dV's 128.
 
 Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
 backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x

@@ -27,8 +27,9 @@ the same 128 x 128 tiles, which would put the forward at cuDNN's level.  Measure
 Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; no interpreter (Gluon has
 none), so the plan runs it only on such a GPU and the tests that run it need one.
 
-**The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences), constexpr branches that cost
-nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA and soft-cap (plan.V6_PLANNED);
+**The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences, dropout), constexpr branches that
+cost nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA, soft-cap and dropout
+(plan.V6_PLANNED);
 windows and packed sequences measured no faster than forward v4 (short programs: docs/BENCHMARKS.md, 2026-12-03)
 and run there unless a caller forces v6:
 GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
@@ -36,7 +37,10 @@ masks only the tiles that cross the band's edges, and gives a row that sees no k
 running maximum taken as 0 while it is -inf); SOFTCAP turns S into c tanh(S scale / c) before the mask (tanh
 from exp2, as forward v4), in base 2 by passing c log2(e) as the scale; VARLEN reads packed (total, H, D) tensors
 as (1, H, total, D), each program's sequence from cu_seqlens (its first row added to every TMA coordinate, its
-lengths as Nq and Nk: the next sequence's rows, which a tile may load, are masked like keys past Nk).
+lengths as Nq and Nk: the next sequence's rows, which a tile may load, are masked like keys past Nk); DROPOUT zeroes
+P's dropped scores after its row sums with forward v4's mask, bit for bit (Philox keyed on (seed, batch * H + head,
+row, column // 16), one byte a score), each Philox call run once by one thread and its 16 bits sent to the threads
+that hold them (_dropout_masks), and scales O by 1 / (1 - p).
 
 FP8 (``launch_fp8``, the constexpr FP8; scripts call it, the plan does not): e4m3 Q, K and V^T with one scale
 per (batch, head), GQA, the FP8 `tl` kernel's algorithm (forward_fp8.py) on this schedule.  An e4m3 product's
