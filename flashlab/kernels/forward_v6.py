@@ -158,8 +158,8 @@ if AVAILABLE:
         """tanh from exp2, stable at both ends, with the approximate division (forward v4's soft-cap)."""
         return 1.0 - gl.fdiv(gl.full(x.shape, 2.0, gl.float32, x.type.layout), gl.exp2(x * 2.8853900817779268) + 1.0)
 
-    # Dropout's bits, made where each thread computes distinct Philox calls and moved to the wgmma layout as 16-bit
-    # masks (forward v4's mask, bit for bit: flashlab.reference.dropout_keep).  A consumer's S tile is 64 rows x 128
+    # Dropout's bits, made where each thread computes distinct Philox calls and moved to the wgmma layout as one word
+    # of 16 keep bits a call (forward v4's mask, bit for bit: flashlab.reference.dropout_keep).  A consumer's S tile is 64 rows x 128
     # columns, 8 groups of 16 columns a row: 512 Philox calls, 4 a thread in _DROP_CALLS (lane bits 0-1 and register
     # bit 1 pick the group; the rows are the wgmma layout's: lane bits 2-4, register bit 0 (+8), the warp (+16)).
     # Each call's 16 keep bits (column 16 g + k: byte k % 4 of word k // 4 >= 256 p) go, one word a (row, group),
@@ -215,7 +215,8 @@ if AVAILABLE:
     @gluon.jit
     def _dropout_masks(drop, first_row, col0):
         """Keep masks of a consumer's S tile (rows first_row ... + 63, columns col0 ... + 127): (64, 8) words in
-        _DROP_MASKS, bit k of [r, g] the score (r, 16 g + k)'s.  drop: (seed_lo, seed_hi, thr, 1 / (1 - p), bh)."""
+        _DROP_MASKS, bit 8 (k % 4) + k // 4 of [r, g] the score (r, 16 g + k)'s.  drop: (seed_lo, seed_hi, thr,
+        1 / (1 - p), bh)."""
         seed_lo, seed_hi, thr, _, bh = drop
         rows = first_row + gl.arange(0, 64, layout=gl.SliceLayout(1, _DROP_CALLS))
         groups = col0 // 16 + gl.arange(0, 8, layout=gl.SliceLayout(0, _DROP_CALLS))
