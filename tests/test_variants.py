@@ -467,6 +467,25 @@ def test_varlen_bad_inputs(over, exc, words):
         flashlab.flash_attention_varlen(q, q, q, a["cq"], a["ck"], a["max_q"], a["max_k"])
 
 
+def test_varlen_reads_cu_seqlens_once_per_version(monkeypatch):
+    """cu_seqlens' values are read (a host sync) on a tensor's first call only; written in place, or replaced by
+    another tensor, they are read again, so a bad value still raises."""
+    q = _rand(10, 2, 16)
+    cq = _cu(0, 5, 10)
+    reads = []
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.shape) or tolist(t))
+    call = lambda c: flashlab.flash_attention_varlen(q, q, q, c, c, 5, 5)   # noqa: E731
+    o = call(cq)
+    n = len(reads)
+    assert n >= 1 and torch.equal(call(cq), o) and len(reads) == n            # the second call reads nothing
+    cq[1] = 11                                                                # decreasing now: read, and refused
+    with pytest.raises(ValueError, match="not decrease"):
+        call(cq)
+    with pytest.raises(ValueError, match="end at the packed length"):
+        call(_cu(0, 5, 9))
+
+
 def test_visited_tiles_are_exactly_those_the_band_meets(rng):
     """variants.band_tile_ranges (forward v4's band_tiles in Python) against brute force: a tile is
     visited iff one of its pairs is visible, and unmasked only if all its pairs are (and it is full)."""
