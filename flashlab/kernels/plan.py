@@ -81,7 +81,10 @@ ONE_PASS_MIN_ROWS = 1 << 16
 # scripts/v6_variant_probe.py) v6's window forward measured 0.62-1.23x v4 at 256-1024 keys from run to run (v4 the
 # same in every run), its backward 0.97-1.05x v5, and documents of 2048 rows forward 0.76x v4 (8192: 1.01x).  A v6
 # program spends about as long starting and ending as on a few key tiles, and fills a multiprocessor's shared memory.
-# Dropout in v6 (its Philox bits the same as v4 / v5's) measured 1.3x v4 / v5 with dropout (scripts/dropout_v6_probe.py).
+# Those timings were host-bound in part (a variants call's host time is close to v6's GPU time there, and packed calls
+# then synced on cu_seqlens every call): with the sync gone v6's packed forward measured 1.26x v4 when the host kept
+# up, and 0.88x when it did not (docs/BENCHMARKS.md, "dropout in the v6 kernels").  Dropout in v6 (its Philox bits
+# the same as v4 / v5's) measured 1.3x v4 / v5 with dropout (scripts/dropout_v6_probe.py).
 V6_PLANNED = frozenset({"gqa", "softcap", "dropout"})
 
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
