@@ -52,6 +52,7 @@ gains; not adopted (docs/BENCHMARKS.md, 2026-12-03).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -532,12 +533,19 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, ban
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
 
 
+@functools.lru_cache(maxsize=64)
+def _shared_layout(block: tuple, dtype):
+    """The swizzled shared-memory layout of a TMA block (made once: it costs the host ~25 us a call, and a launch
+    makes three to five descriptors)."""
+    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
+           torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
+
+
 def _descriptor(t, rows: int, cols: int | None = None):
     """A TMA descriptor over the whole (B, H, N, D) tensor, blocks of rows x cols (default: all of D)."""
-    gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
-           torch.float8_e4m3fn: gl.float8e4nv}[t.dtype]
     block = [1, 1, rows, cols or t.shape[-1]]
-    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), block, _shared_layout(tuple(block), t.dtype))
 
 
 class VariantCall(NamedTuple):
