@@ -350,16 +350,19 @@ def _backward(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q: int, max_k: 
     return dq[..., :D].to(q.dtype), dk[..., :D].to(q.dtype), dv[..., :D].to(q.dtype)
 
 
-# cu_seqlens tensors whose values were checked: id -> (a weak reference, its version counter, total, max).  Reading
+# cu_seqlens tensors whose values were checked: (id, total, max) -> (a weak reference, its version counter).  Reading
 # the values is a host sync; after it the host's work for the call (the plan, descriptors, the launch) no longer
 # overlaps the GPU's previous kernels, which cost packed calls a third of their time on an H200 (docs/BENCHMARKS.md,
-# 2026-12-03).  A tensor is read once, and again only when written (its version counter moves) or replaced.
+# 2026-12-03).  A tensor is read once, and again only when written through PyTorch (its version counter moves) or
+# replaced; a tensor made under torch.inference_mode() has no version counter and is read on every call.
 _CHECKED: dict = {}
 
 
 def _checked_before(cu, key) -> bool:
-    seen = _CHECKED.get(id(cu))
-    return seen is not None and seen[0]() is cu and seen[1:] == (cu._version, *key)
+    if cu.is_inference():
+        return False
+    seen = _CHECKED.get((id(cu), *key))
+    return seen is not None and seen[0]() is cu and seen[1] == cu._version
 
 
 def _check_cu(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) -> None:
@@ -368,6 +371,7 @@ def _check_cu(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) ->
     for name, cu, total, mx in (("cu_seqlens_q", cu_q, total_q, max_q), ("cu_seqlens_k", cu_k, total_k, max_k)):
         if _checked_before(cu, (total, mx)):
             continue
+        version = None if cu.is_inference() else cu._version     # before the read: a write after it reads again
         c = cu.tolist()
         if c[0] != 0:
             raise ValueError(f"{name} must start at 0, got {c[0]}")
@@ -379,9 +383,10 @@ def _check_cu(cu_q, cu_k, total_q: int, total_k: int, max_q: int, max_k: int) ->
         if max(lens) > mx:
             raise ValueError(f"max_seqlen_{'q' if name.endswith('q') else 'k'} = {mx} is less than the longest "
                              f"sequence in {name} ({max(lens)}); pass at least {max(lens)}")
-        if len(_CHECKED) > 256:
-            _CHECKED.clear()
-        _CHECKED[id(cu)] = (weakref.ref(cu), cu._version, total, mx)
+        if version is not None:
+            if len(_CHECKED) > 256:
+                _CHECKED.clear()
+            _CHECKED[(id(cu), total, mx)] = (weakref.ref(cu), version)
 
 
 class _VariantAttention(torch.autograd.Function):
@@ -539,7 +544,10 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Args:
         q: (total_q, H, D); k, v: (total_k, H_kv, D) (H_kv < H with ``enable_gqa=True``).
         cu_seqlens_q, cu_seqlens_k: int32 (S + 1,), cumulative lengths starting at 0 and ending at
-            total_q / total_k; sequence b is rows cu[b] ... cu[b + 1] - 1.
+            total_q / total_k; sequence b is rows cu[b] ... cu[b + 1] - 1.  Their values are checked (a
+            host sync) on a tensor's first call only, and again after a write through PyTorch (which moves
+            its version counter): change them in place through ``.data``, DLPack or another library and the
+            check is skipped, so pass a new tensor instead.
         max_seqlen_q, max_seqlen_k: ints >= the longest sequence (the grid is sized by them).
         is_causal (alias ``causal``), window, softcap, alibi_slopes ((H,) or (S, H)), dropout_p, seed,
             scale, return_lse, allow_tf32: as in :func:`flashlab.flash_attention`, positions counted

@@ -484,6 +484,18 @@ def test_varlen_reads_cu_seqlens_once_per_version(monkeypatch):
         call(cq)
     with pytest.raises(ValueError, match="end at the packed length"):
         call(_cu(0, 5, 9))
+    with torch.inference_mode():                      # no version counter there: read on every call
+        ci = _cu(0, 5, 10)
+        call(ci)
+        ci[1] = 11
+        with pytest.raises(ValueError, match="not decrease"):
+            call(ci)
+    n = len(reads)
+    call(cq.new_tensor([0, 5, 10]))                   # the same tensor as cu_q and cu_k, with other maxima
+    flashlab.flash_attention_varlen(q, q, q, cq2 := _cu(0, 4, 10), cq2, 6, 7)
+    m = len(reads)
+    flashlab.flash_attention_varlen(q, q, q, cq2, cq2, 6, 7)
+    assert len(reads) == m > n                        # both (total, max) pairs remembered: no read the second time
 
 
 def test_visited_tiles_are_exactly_those_the_band_meets(rng):

@@ -106,7 +106,9 @@ def test_v6_variant_kernels_compile_for_sm90():
     for k in (fb, fsc, bb, bgc, bg, fd, bd):
         assert k["shared"] <= H200.shared_memory and k["tma"] and not k["local"] and k["wgmma"] > 0
     assert fsc["tanh_exp2"] > fb["tanh_exp2"]                   # soft-cap's tanh adds exponentials
-    assert fd["mulhi"] >= fb["mulhi"] + 40 and bd["mulhi"] >= bg["mulhi"] + 40   # Philox's rounds (2 a round)
+    # Philox's rounds (2 mul.hi a round): present, and each call made once per thread (four copies per lane of a quad
+    # would put the forward past 1,000; measured 266 and 132 more than without dropout)
+    assert fb["mulhi"] + 40 <= fd["mulhi"] <= fb["mulhi"] + 400 and bg["mulhi"] + 40 <= bd["mulhi"] <= bg["mulhi"] + 250
     assert (bb["wgmma"], bgc["wgmma"], bg["wgmma"], bd["wgmma"]) == (2 * 32 * 3, 2 * 32 * 2, 2 * 32, 2 * 32 * 2)
 
 
@@ -278,15 +280,17 @@ def test_gpu_v6_dropout_matches_float64(case, versions, monkeypatch):
 
 @pytest.mark.gpu
 @sm90
-def test_gpu_v6_dropout_mask_bit_for_bit(monkeypatch):
+@pytest.mark.parametrize("p,seed", [(0.25, 2**40 + 77), (0.6, 2**63 - 1)])
+def test_gpu_v6_dropout_mask_bit_for_bit(p, seed, monkeypatch):
     """Q = 0 makes P uniform (1 / Nk), so with V one-hot on 128 keys O reads the forward's keep bits of those keys
-    exactly, and with dO one-hot on 128 rows dV reads the backward's: both must be reference.dropout_keep's, on a
-    second key tile and a second Q tile, for every (batch, head)."""
+    exactly, and with dO one-hot on 128 rows dV reads the backward's: both must be reference.dropout_keep's, on the
+    third key tile and the second Q tile, for every (batch, head).  p = 0.6: the threshold byte's top bit set (the
+    byte compare's other case); 2**63 - 1: a seed whose low half is past 2**31."""
     import numpy as np
     from flashlab.reference import dropout_keep
     _force(monkeypatch, forward_version="v6", backward_version="v6")
     try:
-        B, H, Nq, Nk, p, seed = 2, 2, 300, 384, 0.25, 2**40 + 77
+        B, H, Nq, Nk = 2, 2, 300, 384
         q = torch.zeros(B, H, Nq, 128, device="cuda", dtype=bf16, requires_grad=True)
         k = torch.randn(B, H, Nk, 128, device="cuda", dtype=bf16, requires_grad=True)
         eye = torch.eye(128, device="cuda", dtype=bf16)

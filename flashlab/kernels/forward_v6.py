@@ -29,9 +29,9 @@ none), so the plan runs it only on such a GPU and the tests that run it need one
 
 **The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences, dropout), constexpr branches that
 cost nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA, soft-cap and dropout
-(plan.V6_PLANNED);
-windows and packed sequences measured no faster than forward v4 (short programs: docs/BENCHMARKS.md, 2026-12-03)
-and run there unless a caller forces v6:
+(plan.V6_PLANNED); windows and packed sequences run in forward v4 unless a caller forces v6: there v6 measured
+no faster, partly because those calls' host time is close to their GPU time (short programs; packed documents
+1.26x v4 when the host kept up: docs/BENCHMARKS.md, 2026-12-03):
 GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
 masks only the tiles that cross the band's edges, and gives a row that sees no key O = 0 and LSE = -inf (its
 running maximum taken as 0 while it is -inf); SOFTCAP turns S into c tanh(S scale / c) before the mask (tanh
@@ -535,8 +535,8 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, ban
 
 @functools.lru_cache(maxsize=64)
 def _shared_layout(block: tuple, dtype):
-    """The swizzled shared-memory layout of a TMA block (made once: it costs the host ~25 us a call, and a launch
-    makes three to five descriptors)."""
+    """The swizzled shared-memory layout of a TMA block, made once: making it took 57 of the 62 us a descriptor cost
+    the host (one CPU, docs/BENCHMARKS.md), and a launch makes three to five descriptors."""
     gdt = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
            torch.float8_e4m3fn: gl.float8e4nv}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), gdt)

@@ -84,7 +84,7 @@ ONE_PASS_MIN_ROWS = 1 << 16
 # Those timings were host-bound in part (a variants call's host time is close to v6's GPU time there, and packed calls
 # then synced on cu_seqlens every call): with the sync gone v6's packed forward measured 1.26x v4 when the host kept
 # up, and 0.88x when it did not (docs/BENCHMARKS.md, "dropout in the v6 kernels").  Dropout in v6 (its Philox bits
-# the same as v4 / v5's) measured 1.3x v4 / v5 with dropout (scripts/dropout_v6_probe.py).
+# the same as v4 / v5's) measured 1.18-1.43x v4 / v5 with dropout (scripts/dropout_v6_probe.py).
 V6_PLANNED = frozenset({"gqa", "softcap", "dropout"})
 
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
