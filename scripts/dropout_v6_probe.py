@@ -19,25 +19,7 @@ import torch
 sys.path.insert(0, ".")
 import flashlab  # noqa: E402
 from flashlab.kernels import plan as P  # noqa: E402
-
-FORCE: dict = {}
-_plan = P.plan
-
-
-def _forced_plan(*a, **kw):
-    kw.update(FORCE)
-    return _plan(*a, **kw)
-
-
-P.plan = _forced_plan
-DT, D = torch.bfloat16, 128
-
-
-def _bench(fn):
-    from triton.testing import do_bench
-    fn()
-    torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+from v6_variant_probe import DT, D, FORCE, _bench  # noqa: E402  (its FORCE reaches every plan made here)
 
 
 def main():
