@@ -1,7 +1,7 @@
 """Forward / backward v6 against forward v4 / backward v5 on the variants v6 implements, by band width and document
 length: where the plan should run which (an sm_90 GPU; docs/BENCHMARKS.md has what it measured).
 
-    python scripts/v6_variant_probe.py [out.json]
+    python scripts/v6_variant_probe.py [out.json] [--only docs]
 
 Each row runs flashlab.flash_attention with the versions forced (the plan's choice set aside), checks the output and
 the gradients against the v4 / v5 run of the same inputs, then times forward and backward
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 
@@ -41,13 +42,26 @@ def _bench(fn):
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def _host_ms(fn, n: int = 50) -> float:
+    """The host's time a call (no sync inside: the GPU runs behind), the median of five runs of n calls."""
+    runs = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        runs.append((time.perf_counter() - t) / n * 1e3)
+        torch.cuda.synchronize()
+    return sorted(runs)[2]
+
+
 def _time(call, inputs):
     out = call(*inputs)
     do = torch.randn(out.shape, device=out.device, dtype=out.dtype, generator=torch.Generator(out.device).manual_seed(1))
     grads = torch.autograd.grad(out, inputs, do, retain_graph=True)
     t_f = _bench(lambda: call(*inputs))
     t_b = _bench(lambda: torch.autograd.grad(out, inputs, do, retain_graph=True))
-    return out.detach(), grads, t_f, t_b
+    return out.detach(), grads, t_f, t_b, _host_ms(lambda: call(*inputs))
 
 
 def run(rows, label, call, inputs, pairs, H, B, versions):
@@ -56,7 +70,7 @@ def run(rows, label, call, inputs, pairs, H, B, versions):
         FORCE.clear()
         FORCE.update(forward_version=fv, backward_version=bv)
         P.forget()
-        out, grads, t_f, t_b = _time(call, inputs)
+        out, grads, t_f, t_b, host = _time(call, inputs)
         if ref is None:
             ref = (out, grads)
             err = 0.0
@@ -64,37 +78,42 @@ def run(rows, label, call, inputs, pairs, H, B, versions):
             err = max((a.float() - b.float()).abs().max().item() for a, b in zip((out,) + grads, (ref[0],) + ref[1]))
         flops = 4.0 * D * pairs * H * B
         r = dict(case=label, fwd=fv, bwd=bv, fwd_ms=t_f, bwd_ms=t_b, fwd_tflops=flops / t_f * 1e-9,
-                 bwd_tflops=2.5 * flops / t_b * 1e-9, max_diff_vs_first=err)
+                 bwd_tflops=2.5 * flops / t_b * 1e-9, max_diff_vs_first=err, fwd_host_ms=host)
         rows.append(r)
         print(f"  {label:38s} fwd {fv} {r['fwd_tflops']:6.1f} TF/s  bwd {bv} {r['bwd_tflops']:6.1f} TF/s  "
-              f"diff {err:.1e}", flush=True)
+              f"diff {err:.1e}  host {host:.3f} ms a forward", flush=True)
         assert err < 0.1, f"{label}: {fv}/{bv} disagrees with {versions[0]} ({err})"
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "v6_variant_probe.json"
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", nargs="?", default="v6_variant_probe.json")
+    ap.add_argument("--only", choices=("window", "docs"), default=None, help="one group of rows")
+    a = ap.parse_args()
+    out, only = a.out, a.only
     rows = []
     torch.manual_seed(0)
     B, H, N = 1, 16, 16384
-    for W in (256, 1024, 4096):
+    for W in (256, 1024, 4096) if only in (None, "window") else ():
         q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=DT).requires_grad_() for _ in range(3))
         pairs = sum(min(i + 1, W) for i in range(N))
         run(rows, f"window {W} causal, N {N}", lambda a, b, c, W=W: flashlab.flash_attention(
             a, b, c, is_causal=True, window=(W - 1, 0)), (q, k, v), pairs, H, B, [("v4", "v5"), ("v6", "v6")])
-    for L in (2048, 8192):
+    for L in (2048, 8192) if only in (None, "docs") else ():
         n_doc = N // L
         cu = torch.arange(0, N + 1, L, device="cuda", dtype=torch.int32)
         q, k, v = (torch.randn(N, H, D, device="cuda", dtype=DT).requires_grad_() for _ in range(3))
         run(rows, f"{n_doc} documents of {L}, causal", lambda a, b, c, L=L, cu=cu: flashlab.flash_attention_varlen(
             a, b, c, cu, cu, L, L, is_causal=True), (q, k, v), n_doc * L * (L + 1) // 2, H, 1,
-            [("v4", "v5"), ("v6", "v5")])
-    for n, b in ((2048, 8), (4096, 4)):
+            [("v4", "v5"), ("v6", "v5"), ("v6", "v6"), ("v4", "v5"), ("v6", "v6")])
+    for n, b in ((2048, 8), (4096, 4)) if only is None else ():
         q, k, v = (torch.randn(b, H, n, D, device="cuda", dtype=DT).requires_grad_() for _ in range(3))
         for fv in ("v3", "v6"):
             op = version_op(fv, "v6")
             FORCE.clear()
             P.forget()
-            o, grads, t_f, t_b = _time(lambda a, c, d: op(a, c, d, True)[0], (q, k, v))
+            o, grads, t_f, t_b, _ = _time(lambda a, c, d: op(a, c, d, True)[0], (q, k, v))
             pairs = n * (n + 1) // 2
             r = dict(case=f"plain causal N {n} B {b}", fwd=fv, bwd="v6", fwd_ms=t_f, bwd_ms=t_b,
                      fwd_tflops=4.0 * D * pairs * H * b / t_f * 1e-9)

@@ -22,21 +22,22 @@ bf16, fp16 = torch.bfloat16, torch.float16
 
 def test_v6_declares_what_it_implements():
     assert forward_v6.SUPPORTS == {"gqa", "window", "softcap", "varlen", "dropout"}
-    assert backward_v6.SUPPORTS == {"gqa", "window", "softcap", "dropout"}
+    assert backward_v6.SUPPORTS == {"gqa", "window", "softcap", "dropout", "varlen"}
 
 
 @needs_gluon
-def test_packed_sequences_force_forward_v6_but_not_backward_v6():
+def test_packed_sequences_can_be_forced_through_both_v6_kernels():
     var = P.Variant(varlen=True, kv_groups=2)
-    assert P.plan(8, 16, 2048, 2048, 128, bf16, True, variant=var, facts=H200, forward_version="v6").fwd_version == "v6"
-    with pytest.raises(ValueError, match="does not implement varlen"):
-        P.plan(8, 16, 2048, 2048, 128, bf16, True, variant=var, facts=H200, backward_version="v6")
+    forced = P.plan(8, 16, 2048, 2048, 128, bf16, True, variant=var, facts=H200, forward_version="v6",
+                    backward_version="v6")
+    assert (forced.fwd_version, forced.bwd_version) == ("v6", "v6")
 
 
 @needs_gluon
 @pytest.mark.parametrize("var", [P.Variant(kv_groups=4), P.Variant(softcap=True), P.Variant(kv_groups=8, softcap=True),
-                                 P.Variant(dropout=True), P.Variant(kv_groups=4, softcap=True, dropout=True)], ids=str)
-def test_plan_runs_v6_for_gqa_softcap_and_dropout(var):
+                                 P.Variant(dropout=True), P.Variant(kv_groups=4, softcap=True, dropout=True),
+                                 P.Variant(varlen=True), P.Variant(varlen=True, kv_groups=4, dropout=True)], ids=str)
+def test_plan_runs_v6_for_gqa_softcap_dropout_and_packed_sequences(var):
     p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)
     assert (p.fwd_version, p.bwd_version) == ("v6", "v6"), p
     assert p.backward[1].bh == 2 * 32 // var.kv_groups        # one program per K/V head's tile: dK, dV summed there
@@ -44,8 +45,8 @@ def test_plan_runs_v6_for_gqa_softcap_and_dropout(var):
 
 @needs_gluon
 @pytest.mark.parametrize("var", [P.Variant(window=(1023, 0)), P.Variant(kv_groups=8, window=(255, 64), softcap=True),
-                                 P.Variant(varlen=True)], ids=str)
-def test_plan_keeps_v4_v5_for_windows_and_packed_sequences_unless_forced(var):
+                                 P.Variant(varlen=True, window=(-1, 64))], ids=str)
+def test_plan_keeps_v4_v5_for_windows_unless_forced(var):
     """v6 implements them, but measured no faster (docs/BENCHMARKS.md, 2026-12-03): the plan says so, and forcing
     runs them."""
     p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)
@@ -166,24 +167,37 @@ VARLEN = [
     ("4 documents, keys != queries, window (150, 20)", [300, 1200, 77, 2100], [500, 1000, 0, 2100], 2, 2, fp16,
      dict(window=(150, 20))),
     ("3 documents, soft-cap 20, non-causal", [1500, 1024, 129], None, 2, 1, bf16, dict(softcap=20.0)),
+    ("3 documents, dropout 0.2, causal, gqa 4/2", [900, 1, 1337], [900, 130, 1337], 4, 2, bf16,
+     dict(is_causal=True, dropout_p=0.2, seed=2**40 + 9)),
+    ("2 documents of 2048 (whole tiles), causal", [2048, 2048], None, 2, 2, bf16,
+     dict(is_causal=True)),
 ]
 
 
 @pytest.mark.gpu
 @sm90
+@pytest.mark.parametrize("versions", [("v6", "v5"), ("v6", "v6")], ids="/".join)
 @pytest.mark.parametrize("case", VARLEN, ids=[c[0] for c in VARLEN])
-def test_gpu_v6_packed_sequences_match_float64(case, monkeypatch):
+def test_gpu_v6_packed_sequences_match_float64(case, versions, monkeypatch):
     """Forward v6, forced, on packed (total, H, D) tensors (each sequence's rows from cu_seqlens, a program past a
-    short one's end storing nothing), backward v5; against the float64 reference sequence by sequence."""
+    short one's end storing nothing), with backward v5 or v6 (v6: a Q tile past the sequence's end and a K tile past
+    its keys read the next sequence's rows, which the mask must hide); against the float64 reference sequence by
+    sequence (dropout: given the kernels' mask, sequence b's that of batch b)."""
+    from flashlab import variants
     from flashlab.accuracy import judge
-    from flashlab.reference import attention_varlen_torch
+    from flashlab.reference import attention_varlen_torch, dropout_rate
     label, lq, lk, H, Hk, dtype, kw = case
     lk = lk or lq
-    _force(monkeypatch, forward_version="v6")
+    _force(monkeypatch, forward_version=versions[0], backward_version=versions[1])
     cu_q = torch.tensor([0] + torch.tensor(lq).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0] + torch.tensor(lk).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     q = torch.randn(sum(lq), H, 128, device="cuda").to(dtype)
     k, v = (torch.randn(sum(lk), Hk, 128, device="cuda").to(dtype) for _ in range(2))
+    ref_kw = {n: x for n, x in kw.items() if n not in ("dropout_p", "seed")}
+    if "dropout_p" in kw:
+        keep = variants.dropout_mask(len(lq), H, max(lq), max(lk), kw["dropout_p"], kw["seed"], device="cuda")
+        ref_kw.update(dropout_p=dropout_rate(kw["dropout_p"]),
+                      dropout_mask=[keep[b:b + 1, :, :a, :c] for b, (a, c) in enumerate(zip(lq, lk))])
     xs = [t.clone().requires_grad_() for t in (q, k, v)]
     o = flashlab.flash_attention_varlen(*xs, cu_q, cu_k, max(lq), max(lk), enable_gqa=True, **kw)
     do = torch.randn_like(o)
@@ -193,14 +207,14 @@ def test_gpu_v6_packed_sequences_match_float64(case, monkeypatch):
         ys = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
         r = H // Hk
         ref = attention_varlen_torch(ys[0], ys[1].repeat_interleave(r, 1), ys[2].repeat_interleave(r, 1), cu_q,
-                                     cu_k, **kw)[0]
+                                     cu_k, **ref_kw)[0]
         outs[dt] = (ref.detach(),) + torch.autograd.grad(ref, ys, do.to(dt))
     checks = [judge(n, a, s, r, dtype) for n, a, s, r in zip(("o", "dq", "dk", "dv"), ours, outs[torch.float32],
                                                                outs[torch.float64])]
     assert all(c.ok for c in checks) and all(torch.isfinite(t).all() for t in ours), \
         f"{label}:\n" + "\n".join(map(str, checks))
     ran = [(p.fwd_version, p.bwd_version) for p in P._PLANS.values() if p.variant.varlen]
-    assert ran and all(r == ("v6", "v5") for r in ran), ran
+    assert ran and all(r == versions for r in ran), ran
 
 
 @pytest.mark.gpu
@@ -311,3 +325,56 @@ def test_gpu_v6_dropout_mask_bit_for_bit(p, seed, monkeypatch):
                 assert (got_b == want_b).all(), f"backward bits, (b, h) = {b, h}: {(got_b != want_b).sum()} differ"
     finally:
         P.forget()
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("packed", [False, True], ids=["dense gqa", "packed"])
+def test_gpu_v6_later_calls_through_the_compiled_kernels_runner(packed, monkeypatch):
+    """After a specialisation's first launch, v6 launches through the compiled kernel's runner (no argument binding:
+    tiles.launch_cached); a second call on new data of the same shapes must take that path, forward and backward,
+    and still match float64.  (Forced: at these sizes the plan's backward is v5.)"""
+    from flashlab.kernels import tiles
+    from flashlab.reference import attention_varlen_torch
+    _force(monkeypatch, forward_version="v6", backward_version="v6")
+    lens, H, Hk = [700, 1400, 1948], 4, 2
+    cu = torch.tensor([0, 700, 2100, 4048], dtype=torch.int32, device="cuda")
+
+    def data():
+        if packed:
+            return (torch.randn(sum(lens), H, 128, device="cuda", dtype=bf16),
+                    *(torch.randn(sum(lens), Hk, 128, device="cuda", dtype=bf16) for _ in range(2)))
+        return (torch.randn(2, H, 2100, 128, device="cuda", dtype=bf16),
+                *(torch.randn(2, Hk, 2100, 128, device="cuda", dtype=bf16) for _ in range(2)))
+
+    def call(q, k, v):
+        if packed:
+            return flashlab.flash_attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True,
+                                                   enable_gqa=True)
+        return flashlab.flash_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    xs = [t.requires_grad_() for t in data()]
+    call(*xs).backward(torch.randn(xs[0].shape, device="cuda", dtype=bf16))     # the first: compiled, runners kept
+    fast = tiles.STATS["fast"]
+    q, k, v = data()
+    if not packed:
+        _check(q, k, v, "second call, dense gqa", is_causal=True)
+    else:
+        from flashlab.accuracy import judge
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = call(*xs)
+        do = torch.randn_like(o)
+        ours = (o.detach(),) + torch.autograd.grad(o, xs, do)
+        refs = {}
+        for dt in (torch.float64, torch.float32):
+            ys = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+            ref = attention_varlen_torch(ys[0], ys[1].repeat_interleave(2, 1), ys[2].repeat_interleave(2, 1), cu, cu,
+                                         is_causal=True)[0]
+            refs[dt] = (ref.detach(),) + torch.autograd.grad(ref, ys, do.to(dt))
+        checks = [judge(n, a, s, r, bf16) for n, a, s, r in zip(("o", "dq", "dk", "dv"), ours, refs[torch.float32],
+                                                                  refs[torch.float64])]
+        assert all(c.ok for c in checks), "\n".join(map(str, checks))
+    assert tiles.STATS["fast"] >= fast + 2, tiles.STATS      # forward v6 and backward v6 (and the Delta step)
+    ran = [(p.fwd_version, p.bwd_version) for p in P._PLANS.values() if p.variant.features()]
+    assert ran and all(r == ("v6", "v6") for r in ran), ran
+    P.forget()

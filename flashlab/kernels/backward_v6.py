@@ -34,10 +34,10 @@ Triton 3.9's build spills otherwise (its loop without the mask: 0-16 stores and 
 non-causal loop 3-4 and 12-31) and has not been timed.
 Causal grids run longest first by sections of heads (tiles.head_group).
 
-**The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap, dropout), constexpr branches that leave
-the plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a tile).  The plan
-runs GQA, soft-cap and dropout here (plan.V6_PLANNED); a window measured as fast in backward v5, which is deterministic, and runs
-there unless a caller forces v6:
+**The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap, dropout, packed sequences), constexpr
+branches that leave the plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a
+tile).  The plan runs GQA, soft-cap, dropout and packed sequences here (plan.V6_PLANNED); a window measured as fast in
+backward v5, which is deterministic, and runs there unless a caller forces v6:
 - GQA: a program owns a K/V head's 128 keys and walks the Q tiles of each of the KV_GROUP query heads that read
   them in turn (the ring's steps continue across heads), summing dK and dV in registers: no atomics for them.
   KV_GROUP is a constexpr (one loop more only when it is above 1: a runtime group spilled the causal loop).
@@ -50,6 +50,12 @@ there unless a caller forces v6:
   while S^T and dP^T are on the tensor cores; Z's factor 1 / (1 - p) is applied to dK, dV and dQ once, at the end.
   Its loop spills too (sm_90, triton 3.6: 1,186 instructions a step with 48 local stores and 71 loads, against 648,
   8 and 14 without): the masks (16 registers) and Philox's live beside dK and dV's 128.
+- VARLEN (packed sequences, forward v6's layout): a program's sequence from cu_seqlens, its first row and key added
+  to every TMA coordinate.  A tile may load the next sequence's rows, which are not zeros as past a dense tensor's
+  end; rather than a mask on every tile (masking the ragged ones in loops of their own spilled the loop without the
+  mask: 770 instructions, 41 local stores, 59 loads a tile), keys past the sequence's end are set to zero in shared
+  memory once (_zero_keys: then they are what TMA gives past a dense tensor), and rows past it read LSE = +inf, so
+  their P and dS are 0.  The loops are then causal's or the plain ones (674, 17, 22 causal; 671, 10, 18 plain).
 
 Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
 backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x
@@ -80,7 +86,7 @@ LOG2E = 1.4426950408889634
 MAXNREG = 168          # as forward v6: 12 warps x 32 threads x 168 <= 65,536
 CONSUMER_REGS = 240
 
-SUPPORTS = forward_v6.SUPPORTS - {"varlen"}   # GQA, windows, soft-cap: the same constexpr branches as forward v6
+SUPPORTS = forward_v6.SUPPORTS   # GQA, windows, soft-cap, dropout, packed sequences: forward v6's constexpr branches
 HEAD_DIMS = (128,)
 ONLY_ON = "sm_90"
 
@@ -139,33 +145,34 @@ if AVAILABLE:
     @gluon.jit
     def _load_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
                         CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, KV_GROUP: gl.constexpr,
-                        DROPOUT: gl.constexpr, WG: gl.constexpr):
+                        DROPOUT: gl.constexpr, WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """The producer (1 warp): K_j and V_j once, then, for each query head of the K/V head's group, Q_i and dO_i
         into stage it % STAGES when it is empty."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
-        kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
-        off_b, off_kv, n0, m_lo, n_iter, first = coords
+        kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
+        off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [off_b, off_kv, n0, 0], kv_bar, k_smem)
-        _tma_load(v_desc, [off_b, off_kv, n0, 0], kv_bar, v_smem)
+        _tma_load(k_desc, [tb, off_kv, k0 + n0, 0], kv_bar, k_smem)
+        _tma_load(v_desc, [tb, off_kv, k0 + n0, 0], kv_bar, v_smem)
         if KV_GROUP > 1:
             for g in range(KV_GROUP):
-                _produce(off_b, off_kv * KV_GROUP + g, g * n_iter, m_lo, n_iter, first, q_desc, do_desc, q_smem,
+                _produce(tb, off_kv * KV_GROUP + g, g * n_iter, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem,
                          do_smem, q_ready, do_ready, qdo_empty)
         else:
-            _produce(off_b, off_kv, 0, m_lo, n_iter, first, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
+            _produce(tb, off_kv, 0, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
                      qdo_empty)
 
     @gluon.jit
-    def _produce(off_b, off_h, base, m_lo, n_iter, first, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
+    def _produce(off_b, off_h, base, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
                  qdo_empty):
-        """Query head off_h's Q_i and dO_i, the ring's steps base ... base + n_iter - 1."""
+        """Query head off_h's Q_i and dO_i, the ring's steps base ... base + n_iter - 1 (off_b: the descriptors'
+        batch, q0: the sequence's first row, both 0 in a packed call's (1, H, total, D) view)."""
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         for i in range(n_iter):
             it = base + i
             st = it % STAGES
-            row = (m_lo + (first + i) % n_iter) * BLOCK_M
+            row = q0 + (m_lo + (first + i) % n_iter) * BLOCK_M
             mbarrier.wait(qdo_empty.index(st), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
             _tma_load(q_desc, [off_b, off_h, row, 0], q_ready.index(st), q_smem.index(st))
@@ -175,7 +182,8 @@ if AVAILABLE:
     @gluon.jit
     def _consumer_steps(lo, hi, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta,
                         qk_scale, cap_in, drop, MASK: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                        DROPOUT: gl.constexpr, WG: gl.constexpr):
+                        DROPOUT: gl.constexpr, WG: gl.constexpr, CAUSAL: gl.constexpr = True,
+                        VARLEN: gl.constexpr = False):
         """Q tiles lo ... hi - 1 of query head off_h's walk (the ring's steps base + lo ...): dK_w, dV_w updated and
         returned, dQ's share added.  MASK (the tiles on the diagonal or the band's edges only): a loop of its own,
         so that the other tiles' loop carries no mask (its indices cost registers, and registers here are short: a
@@ -184,11 +192,12 @@ if AVAILABLE:
         cap_in = scale / c), and dS^T gains the factor 1 - tanh^2.  DROPOUT: forward v6's keep masks, made while S^T
         and dP^T are on the tensor cores: dV_w += (P^T o Z) dO_i and dS^T = P^T o (dP^T o Z - D_i), Z the kept
         scores' 1 / (1 - p), 0 elsewhere; here without Z's factor 1 / (1 - p), which the caller applies to dK and dV
-        and the launcher to dQ."""
+        and the launcher to dQ.  VARLEN (a packed sequence; rows and keys counted from its start q0, k0): the rows
+        past the sequence's end (the next one's) read LSE = +inf, so their P and dS are 0."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
-        kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free = bars
-        off_b, off_kv, n0, m_lo, n_iter, first = coords
-        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
+        kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
+        off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
+        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, stride_dl = sizes
         left, right = band
         dtype: gl.constexpr = q_desc.dtype
         STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -206,7 +215,10 @@ if AVAILABLE:
 
         offs_m = gl.arange(0, BLOCK_M, layout=row_l)
         lse_base = LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
-        delta_base = Delta + (off_b * H + off_h).to(gl.int64) * Nq
+        if VARLEN:   # Delta (H, total_q); LSE's and Delta's rows start at the sequence's (the kernel moved them)
+            delta_base = Delta + off_h.to(gl.int64) * stride_dl
+        else:
+            delta_base = Delta + (off_b * H + off_h).to(gl.int64) * Nq
         k_all = k_smem.reshape([BLOCK_N, HEAD_DIM])
         k_w = k_all.slice(WG * HALF, HALF, dim=0)              # this warpgroup's keys (64 x D)
         v_w = v_smem.reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=0)
@@ -223,7 +235,10 @@ if AVAILABLE:
             row0 = (m_lo + (first + i) % n_iter) * BLOCK_M
             rows = row0 + offs_m
             row_ok = rows < Nq
-            lse2 = gl.load(lse_base + rows * stride_lm, mask=row_ok, other=0.0) * 1.4426950408889634
+            if VARLEN:   # rows past the sequence (the next one's Q, dO): LSE = +inf, so P = 0 and dS = 0 there
+                lse2 = gl.load(lse_base + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+            else:
+                lse2 = gl.load(lse_base + rows * stride_lm, mask=row_ok, other=0.0) * 1.4426950408889634
             if BAND and MASK:
                 lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2)
             delta = gl.load(delta_base + rows, mask=row_ok, other=0.0)
@@ -280,17 +295,53 @@ if AVAILABLE:
             stage.reshape([BLOCK_M, HALF]).store(dq)
             fence_async_shared()
             _sync()
-            _tma_add(dq_desc, [off_b, off_h, row0, WG * HALF], stage)     # dQacc_i[:, cols] += dS K_j[:, cols]
+            _tma_add(dq_desc, [tb, off_h, q0 + row0, WG * HALF], stage)     # dQacc_i[:, cols] += dS K_j[:, cols]
         return dk, dv
+
+    @gluon.jit
+    def _zero_keys(k_smem, v_smem, keep, kz_bar, WG: gl.constexpr):
+        """Set this warpgroup's rows (keys 64 WG ... + 63 of the tile) of K and V to zero from row ``keep`` on, then
+        wait for the other warpgroup's: a packed sequence's keys past its end are the next one's, and zeros make
+        them what a dense tensor's TMA loads give past its end (S^T = 0, dP^T = 0: their dK, dV rows are not
+        stored and their dQ terms, dS K_j, are 0)."""
+        HALF: gl.constexpr = 64
+        BLOCK_N: gl.constexpr = 2 * HALF
+        HEAD_DIM: gl.constexpr = k_smem.type.shape[3]
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        key = WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, blk))
+        for t in gl.static_range(2):
+            buf = (k_smem if t == 0 else v_smem).reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=0)
+            x = buf.load(blk)
+            buf.store(gl.where((key < keep)[:, None], x, gl.zeros_like(x)))
+        fence_async_shared()
+        _sync()
+        mbarrier.arrive(kz_bar, count=1)
+        mbarrier.wait(kz_bar, 0)
 
     @gluon.jit
     def _walk(off_h, base, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale, cap_in,
               drop, CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, DROPOUT: gl.constexpr,
-              WG: gl.constexpr):
+              WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """Query head off_h's Q tiles (the ring's steps from base).  Those that need the mask (the band's edges;
-        causal, the two on the diagonal, where the kernel starts such a program) run in loops of their own."""
-        off_b, off_kv, n0, m_lo, n_iter, first = coords
-        if BAND:   # tile rows r0 ... r0 + 63 see all 128 keys iff n0 + 127 - right <= r0 <= n0 - 63 + left
+        causal, the two on the diagonal, where the kernel starts such a program) run in loops of their own.
+        VARLEN: causal's two tiles on the diagonal masked, as without it, and every tile with a window.  The keys
+        past the sequence's end were set to zero (_zero_keys) and the rows past it read LSE = +inf
+        (_consumer_steps), so the other tiles need no mask."""
+        off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
+        if VARLEN:   # as without it (keys past the sequence are zeros, rows past it have P = 0); a window: all masked
+            if BAND:
+                n_a = n_iter
+            elif CAUSAL:
+                n_a = gl.minimum(n_iter, 2)
+            else:
+                n_a = n_iter * 0
+            dk, dv = _consumer_steps(0, n_a, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
+                                     LSE, Delta, qk_scale, cap_in, drop, True, BAND, SOFTCAP, DROPOUT, WG, CAUSAL,
+                                     True)
+            dk, dv = _consumer_steps(n_a, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
+                                     band, LSE, Delta, qk_scale, cap_in, drop, False, BAND, SOFTCAP, DROPOUT, WG,
+                                     CAUSAL, True)
+        elif BAND:   # tile rows r0 ... r0 + 63 see all 128 keys iff n0 + 127 - right <= r0 <= n0 - 63 + left
             left, right = band
             n_a = gl.maximum(gl.minimum(gl.cdiv(gl.maximum(n0 + 127 - right, 0), 64) - m_lo, n_iter), 0)
             t = n0 - 63 + left
@@ -317,12 +368,12 @@ if AVAILABLE:
     @gluon.jit
     def _consumer_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
                             CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, KV_GROUP: gl.constexpr,
-                            DROPOUT: gl.constexpr, WG: gl.constexpr):
+                            DROPOUT: gl.constexpr, WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """A consumer warpgroup: keys n0 + 64 WG ... + 63; dK, dV for them (summed over the K/V head's group of
         query heads), dQ's columns 64 WG ... + 63."""
         kv_bar = bars[0]
-        off_b, off_kv, n0, m_lo, n_iter, first = coords
-        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H = sizes
+        off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
+        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, stride_dl = sizes
         LSE, Delta, DK, DV = ptrs
         qk_scale, sm_scale, band, cap_in, drop = scales
         dtype: gl.constexpr = q_desc.dtype
@@ -334,13 +385,17 @@ if AVAILABLE:
         dv = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma_d)
 
         mbarrier.wait(kv_bar, 0)
+        if VARLEN:
+            if n0 + 2 * HALF > Nk:   # the sequence's keys end inside this tile
+                k_smem, v_smem = bufs[0], bufs[1]
+                _zero_keys(k_smem, v_smem, Nk - n0, bars[6], WG)
         if KV_GROUP > 1:      # the group's query heads one after the other, dK and dV summed in registers
             for g in range(KV_GROUP):
                 dk, dv = _walk(off_kv * KV_GROUP + g, g * n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                               band, LSE, Delta, qk_scale, cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG)
+                               band, LSE, Delta, qk_scale, cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG, VARLEN)
         else:
             dk, dv = _walk(off_kv, 0, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale,
-                           cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG)
+                           cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG, VARLEN)
         tma.store_wait(0)
 
         kd = n0 + WG * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma_d))
@@ -359,17 +414,22 @@ if AVAILABLE:
     def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV,
                             stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm,
                             H, Nq, Nk, sm_scale, qk_scale, GROUP, left, right, cap_in, seed_lo, seed_hi, p_drop,
+                            CU_Q, CU_K, stride_dl,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             SPREAD: gl.constexpr = True, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                            KV_GROUP: gl.constexpr = 1, DROPOUT: gl.constexpr = False):
+                            KV_GROUP: gl.constexpr = 1, DROPOUT: gl.constexpr = False, VARLEN: gl.constexpr = False):
         """One program: BLOCK_N = 128 keys of one (batch, K/V head); a 1-D grid of K tiles x B * H / KV_GROUP, the
         tile index fastest.  dK and dV are written with dK's strides (the launcher makes dV's alike), summed over the
         KV_GROUP query heads that read the K/V head (GQA: one program owns each dK, dV row, no atomics).  SPREAD:
         each program walks its Q tiles from its own, wrapping (backward v3's spread: the programs of a head do not
         all add into the same dQ rows at once).  Causal, the first K tiles (the most Q tiles) first over sections of
         GROUP heads (forward v6's _longest_first).  BAND: only the Q tiles whose rows' band (row - left ... row +
-        right) reaches these keys; SOFTCAP: as forward v6 (qk_scale = c log2 e, cap_in = scale / c)."""
+        right) reaches these keys; SOFTCAP: as forward v6 (qk_scale = c log2 e, cap_in = scale / c).
+        VARLEN: packed sequences, as forward v6: Q, K, V, dO seen as (1, H, total, D), LSE and Delta (H, total_q)
+        (Delta's head stride stride_dl), dK and dV (total_k, H_kv, D) (stride_db = 0); batch off_b is sequence off_b,
+        its rows CU_Q[off_b] ... CU_Q[off_b + 1] - 1, its keys CU_K's; Nq, Nk the longest lengths (the grid's).  A
+        program past its sequence's keys runs no Q tile and stores nothing; the Q tiles run in order (no SPREAD)."""
         n_n = gl.cdiv(Nk, BLOCK_N)
         pid = gl.program_id(0)
         if CAUSAL:
@@ -380,6 +440,19 @@ if AVAILABLE:
         off_b = bh // (H // KV_GROUP)
         off_kv = bh % (H // KV_GROUP)
         n0 = start_n * BLOCK_N
+        tb = off_b
+        q0 = 0
+        k0 = 0
+        if VARLEN:   # this sequence's rows and keys of the packed tensors, and its lengths
+            tb = 0
+            q0 = gl.load(CU_Q + off_b)
+            Nq = gl.load(CU_Q + off_b + 1) - q0
+            k0 = gl.load(CU_K + off_b)
+            Nk = gl.load(CU_K + off_b + 1) - k0
+            LSE += q0.to(gl.int64) * stride_lm          # LSE, Delta: (H, total_q); dK, dV: (total_k, H_kv, D)
+            Delta += q0
+            DK += k0.to(gl.int64) * stride_dn
+            DV += k0.to(gl.int64) * stride_dn
         n_q = gl.cdiv(Nq, BLOCK_M)
         m_lo = pid * 0                                                  # a tensor: partitions take no ints
         if CAUSAL:
@@ -388,8 +461,10 @@ if AVAILABLE:
         if BAND:   # rows n0 - right ... n0 + BLOCK_N - 1 + left reach these keys
             m_lo = gl.minimum(gl.maximum(n0 - right, 0) // BLOCK_M, n_q)
             n_iter = gl.maximum(gl.minimum(gl.cdiv(n0 + BLOCK_N + left, BLOCK_M), n_q) - m_lo, 0)
+        if VARLEN:   # past the sequence's keys: no Q tile
+            n_iter = gl.where(n0 < Nk, n_iter, 0)
         first = pid * 0
-        if SPREAD and not CAUSAL and not BAND:   # causal programs start at their diagonal, already each its own
+        if SPREAD and not CAUSAL and not BAND and not VARLEN:   # causal programs start at their diagonal, already each its own
             first = start_n % gl.maximum(n_iter, 1)                      # each program starts at its own Q tile
 
         dtype: gl.constexpr = q_desc.dtype
@@ -407,6 +482,10 @@ if AVAILABLE:
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         ds_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_bar, count=1)
+        kz_bar = kv_bar                                                 # (unused)
+        if VARLEN:   # both consumers zeroed their keys past the sequence's end (_zero_keys)
+            kz_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(kz_bar, count=2)
         for s in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(s), count=1)
             mbarrier.init(do_ready.index(s), count=1)
@@ -417,9 +496,12 @@ if AVAILABLE:
         fence_async_shared()
 
         bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem)
-        bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free)
-        coords = (off_b, off_kv, n0, m_lo, n_iter, first)
-        sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H)
+        bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar)
+        coords = (off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0)
+        if VARLEN:
+            sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, stride_dl)
+        else:
+            sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, 0)
         ptrs = (LSE, Delta, DK, DV)
         if BAND:      # the variants' scalars only where their constexpr is on (a partition's every capture costs)
             band = (left, right)
@@ -432,11 +514,11 @@ if AVAILABLE:
             scales = (qk_scale, sm_scale, band, 1.0, drop)
         gl.warp_specialize([
             (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 0)),
+                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 0, VARLEN)),
             (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1)),
+                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1, VARLEN)),
             (_load_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                               CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1)),
+                               CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1, VARLEN)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -452,7 +534,7 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
 
 
 def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: bool = False, kv_group: int = 1,
-         dropout: bool = False):
+         dropout: bool = False, varlen: bool = False):
     gdt = {"fp16": gl.float16, "bf16": gl.bfloat16}[dtype]
     fn = flash_bwd_kernel_v6
     sig = {n: "i32" for n in fn.arg_names}
@@ -462,55 +544,84 @@ def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: boo
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], g)
         sig[name] = f"tensordesc<{dt}[1, 1, {rows}, {cols}],{layout!r}>"
     sig.update(LSE="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32",
-               cap_in="fp32", p_drop="fp32")
+               cap_in="fp32", p_drop="fp32", CU_Q="*i32", CU_K="*i32")
     consts = dict(CAUSAL=causal, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-                  BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group, DROPOUT=dropout)
+                  BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group, DROPOUT=dropout, VARLEN=varlen)
     sig.update({k: "constexpr" for k in consts})
     return fn, sig, consts
 
 
 def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 2, band: bool = False,
-                 softcap: bool = False, kv_group: int = 1, dropout: bool = False):
+                 softcap: bool = False, kv_group: int = 1, dropout: bool = False, varlen: bool = False):
     """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only); needs ``TRITON_INTERPRET=0``.
-    band, softcap, kv_group, dropout: the variants' kernels."""
+    band, softcap, kv_group, dropout, varlen: the variants' kernels."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    fn, sig, consts = _sig(dtype, causal, stages, band, softcap, kv_group, dropout)
+    fn, sig, consts = _sig(dtype, causal, stages, band, softcap, kv_group, dropout, varlen)
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
 
 
+def _delta_packed(plan, o, do, runners):
+    """Delta (1, H, total_q) float32 = rowsum(dO * O) of a packed call's (total_q, H, D) O and dO: the plain
+    preprocess kernel on their (1, H, total_q, D) views, its grid over every packed row."""
+    total = o.shape[0]
+    o4, do4 = (t.permute(1, 0, 2)[None] for t in (o, do))
+    delta = torch.empty((1, plan.H, total), device=o.device, dtype=torch.float32)
+    tiles.run(plan.backward[0], backward.flash_bwd_preprocess,
+              (o4, do4, delta, *o4.stride(), *do4.stride(), plan.H, total), dict(HEAD_DIM=plan.D),
+              lambda cfg: tiles.grid_1d(-(-total // cfg.block_m), plan.H), runners, "pre")
+    return delta
+
+
 def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **variant_args):
     """Delta, then the warp-specialised pass adding dQ into a float32 buffer; dQ = scale * buffer.  K, V, dK, dV
-    have H / kv_groups heads; ``variant_args``: the soft-cap value (the window and GQA are the plan's)."""
+    have H / kv_groups heads; ``variant_args``: the soft-cap value, dropout's rate and seed, and a packed call's
+    cu_q, cu_k (int32, B + 1; q, k, v, o, do and the gradients then (total, H, D), lse (H, total_q), as forward
+    v6's); the window and GQA are the plan's."""
     step = plan.backward[1]
     cfg = step.config
     if (cfg.block_m, cfg.block_n, cfg.num_warps) != (64, 128, 4) or cfg.num_stages < 2:
         raise ValueError(f"backward v6's tiles are its design, 64 query rows x 128 keys, 4 warps per consumer "
                          f"warpgroup, and at least 2 stages, not {cfg}")
+    varlen = plan.variant.varlen
+    cu_q, cu_k = variant_args.pop("cu_q", None), variant_args.pop("cu_k", None)
     call = forward_v6.variant_scalars(plan, scale, **variant_args)
-    if plan.Nk == 0 or plan.Nq == 0:
+    if plan.Nk == 0 or plan.Nq == 0 or (varlen and (q.shape[0] == 0 or k.shape[0] == 0)):
         dq.zero_(), dk.zero_(), dv.zero_()
         return
-    delta = backward.preprocess(plan, o, do, runners)
-    dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
+    if varlen:   # (total, H, D) seen as (1, H, total, D); dK, dV written through (total_k, H_kv, D)'s strides
+        delta = _delta_packed(plan, o, do, runners)
+        dq_acc = torch.zeros((1, plan.H, q.shape[0], plan.D), device=q.device, dtype=torch.float32)
+        q, k, v, do = (t.permute(1, 0, 2)[None] for t in (q, k, v, do))
+        lse_strides = (0, *lse.stride())
+    else:
+        delta = backward.preprocess(plan, o, do, runners)
+        dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
+        cu_q = cu_k = lse
+        lse_strides = tuple(lse.stride())
     # the kernel writes dK and dV with one set of strides, the last 1
     dk_out = dk if dk.stride(-1) == 1 else torch.empty(dk.shape, device=dk.device, dtype=dk.dtype)
     dv_out = dv if dv.stride() == dk_out.stride() else torch.empty_like(dk_out)
+    d_strides = (0, dk_out.stride(1), dk_out.stride(0)) if varlen else dk_out.stride()[:3]
     n_n = -(-plan.Nk // cfg.block_n)
     bh_kv = plan.B * (plan.H // plan.variant.kv_groups)
     grid = tiles.grid_1d(n_n, bh_kv)
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
     group = tiles.head_group(bh_kv, n_n, plan.facts.sms) if call.causal else 1
-    flash_bwd_kernel_v6[grid](
-        _descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
-        _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
-        *dk_out.stride()[:3], *lse.stride(), plan.H, plan.Nq, plan.Nk, scale, call.qk_scale, group,
-        call.left, call.right, call.cap_in, call.seed_lo, call.seed_hi, call.p_drop,
-        CAUSAL=call.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
-        STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
-        KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, num_warps=cfg.num_warps, maxnreg=MAXNREG)
+    args = (_descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
+            _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
+            *d_strides, *lse_strides, plan.H, plan.Nq, plan.Nk, scale, call.qk_scale, group,
+            call.left, call.right, call.cap_in, call.seed_lo, call.seed_hi, call.p_drop, cu_q, cu_k, delta.stride(-2))
+    consts = dict(CAUSAL=call.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
+                  STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
+                  KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, VARLEN=varlen, num_warps=cfg.num_warps,
+                  maxnreg=MAXNREG)
+    # dk_out, dv_out and dq_acc have strides of their own: the runner's key (the caller's tensors) does not hold
+    # them unless they are the caller's (dk_out is dk, dv_out dv) and dq_acc is contiguous (always)
+    same = dk_out is dk and dv_out is dv
+    tiles.launch_cached(flash_bwd_kernel_v6, grid, args, consts, runners if same else None, "bwd v6")
     if dk_out is not dk:
         dk.copy_(dk_out)
     if dv_out is not dv:
@@ -518,4 +629,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
     if not step.verified:
         step.fell_back(cfg, [])
     # dQ = scale * buffer (dropout: and Z's 1 / (1 - p), which the steps leave out)
-    torch.mul(dq_acc, scale / (1.0 - call.p_drop), out=dq)
+    if varlen:
+        torch.mul(dq_acc[0].transpose(0, 1), scale / (1.0 - call.p_drop), out=dq)
+    else:
+        torch.mul(dq_acc, scale / (1.0 - call.p_drop), out=dq)

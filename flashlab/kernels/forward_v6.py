@@ -28,10 +28,10 @@ Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; n
 none), so the plan runs it only on such a GPU and the tests that run it need one.
 
 **The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences, dropout), constexpr branches that
-cost nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA, soft-cap and dropout
-(plan.V6_PLANNED); windows and packed sequences run in forward v4 unless a caller forces v6: there v6 measured
-no faster, partly because those calls' host time is close to their GPU time (short programs; packed documents
-1.26x v4 when the host kept up: docs/BENCHMARKS.md, 2026-12-03):
+cost nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA, soft-cap, dropout and
+packed sequences (plan.V6_PLANNED; packed documents of 2048 rows 1.12-1.33x v4, the spread the host's, whose time
+for such a call is close to v6's GPU time); windows run in forward v4 unless a caller forces v6: there v6 measured
+no faster (short programs: docs/BENCHMARKS.md, 2026-12-03):
 GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
 masks only the tiles that cross the band's edges, and gives a row that sees no key O = 0 and LSE = -inf (its
 running maximum taken as 0 while it is -inf); SOFTCAP turns S into c tanh(S scale / c) before the mask (tanh
@@ -614,13 +614,16 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
     for cand in (cfg,) + tuple(step.fallbacks):     # 3 stages, then 2 if a GPU's shared memory is short
         try:
             grid = tiles.grid_1d(-(-plan.Nq // cand.block_m), plan.B * plan.H)
-            flash_fwd_kernel_v6[grid](
-                _descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
-                o, lse, lse, lse, lse, *o.stride()[:3], *lse_strides, 0, 0, 0, 0, 0, 0,
-                plan.H, plan.variant.kv_groups, plan.Nq, plan.Nk, call.qk_scale, group, call.left, call.right,
-                call.cap_in, cu_q, cu_k, call.seed_lo, call.seed_hi, call.p_drop, CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n,
-                HEAD_DIM=plan.D, STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band,
-                SOFTCAP=call.softcap, VARLEN=varlen, DROPOUT=call.dropout, num_warps=cand.num_warps, maxnreg=MAXNREG)
+            args = (_descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
+                    o, lse, lse, lse, lse, *o.stride()[:3], *lse_strides, 0, 0, 0, 0, 0, 0,
+                    plan.H, plan.variant.kv_groups, plan.Nq, plan.Nk, call.qk_scale, group, call.left, call.right,
+                    call.cap_in, cu_q, cu_k, call.seed_lo, call.seed_hi, call.p_drop)
+            consts = dict(CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
+                          STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
+                          VARLEN=varlen, DROPOUT=call.dropout, num_warps=cand.num_warps, maxnreg=MAXNREG)
+            # after the first launch, the compiled kernel's runner (runners: this plan's and these tensors' exact
+            # specialisation): Triton's argument binding skipped, the host's time a call shorter
+            tiles.launch_cached(flash_fwd_kernel_v6, grid, args, consts, runners if cand is cfg else None, "fwd v6")
             if cand != cfg or not step.verified:
                 step.fell_back(cand, errors)
             return

@@ -76,16 +76,16 @@ ONE_PASS_BWD = ((64, None), (128, False))
 ONE_PASS_MIN_ROWS = 1 << 16
 
 # The variant features the plan runs forward / backward v6 for (where v6 runs at all).  v6 also implements windows
-# (both) and packed sequences (forward) as constexpr branches, which a caller may force (forward_version="v6"), but
-# the plan keeps forward v4 / backward v5 for them: on the H200 (bf16, D = 128, docs/BENCHMARKS.md 2026-12-03,
-# scripts/v6_variant_probe.py) v6's window forward measured 0.62-1.23x v4 at 256-1024 keys from run to run (v4 the
-# same in every run), its backward 0.97-1.05x v5, and documents of 2048 rows forward 0.76x v4 (8192: 1.01x).  A v6
-# program spends about as long starting and ending as on a few key tiles, and fills a multiprocessor's shared memory.
-# Those timings were host-bound in part (a variants call's host time is close to v6's GPU time there, and packed calls
-# then synced on cu_seqlens every call): with the sync gone v6's packed forward measured 1.26x v4 when the host kept
-# up, and 0.88x when it did not (docs/BENCHMARKS.md, "dropout in the v6 kernels").  Dropout in v6 (its Philox bits
-# the same as v4 / v5's) measured 1.18-1.43x v4 / v5 with dropout (scripts/dropout_v6_probe.py).
-V6_PLANNED = frozenset({"gqa", "softcap", "dropout"})
+# as constexpr branches, which a caller may force (forward_version="v6"), but the plan keeps forward v4 / backward v5
+# for them: on the H200 (bf16, D = 128, docs/BENCHMARKS.md 2026-12-03, scripts/v6_variant_probe.py) v6's window
+# forward measured 0.62-1.23x v4 at 256-1024 keys from run to run (v4 the same in every run), its backward
+# 0.97-1.05x v5.  A v6 program spends about as long starting and ending as on a few key tiles, and fills a
+# multiprocessor's shared memory.  Packed sequences: forward v6 measured 1.12-1.33x v4 (8 documents of 2048 rows)
+# and 1.14-1.18x (2 of 8192), backward v6 1.03x and 1.05x v5 (docs/BENCHMARKS.md 2026-12-03, "packed sequences in
+# backward v6"); its spread is the host's (a packed call's host time is close to v6's GPU time at 2048 rows).
+# Dropout in v6 (its Philox bits the same as v4 / v5's) measured 1.18-1.43x v4 / v5 with dropout
+# (scripts/dropout_v6_probe.py).
+V6_PLANNED = frozenset({"gqa", "softcap", "dropout", "varlen"})
 
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
 
@@ -464,7 +464,7 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
 def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, deterministic: bool, variant: Variant,
                       rows) -> tuple:
     """The newest versions whose ``SUPPORTS`` covers the call's features.  Forward and backward v6 (GQA, windows,
-    soft-cap, dropout; the forward packed sequences too) for the features in V6_PLANNED (GQA, soft-cap, dropout) only,
+    soft-cap, dropout, packed sequences) for the features in V6_PLANNED (GQA, soft-cap, dropout, packed sequences) only,
     where the plain policy runs v6 (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM; the backward also
     not deterministic and not small); forward v4 and backward v5 otherwise (they implement every feature, run everywhere, and backward
     v5 is deterministic)."""
@@ -474,9 +474,9 @@ def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, determin
     if not_v6 is None and bucket is not None and bucket < V3_FROM:
         not_v6 = f"the length bucket is below {V3_FROM}"
     if not_v6 is None and not feats <= V6_PLANNED:
-        not_v6 = (f"the plan runs it for {', '.join(sorted(V6_PLANNED))} only: its window and packed-sequence "
-                  "branches measured no faster than v4 / v5 (short programs; docs/BENCHMARKS.md, 2026-12-03; "
-                  "force forward_version='v6' to run them)")
+        not_v6 = (f"the plan runs it for {', '.join(sorted(V6_PLANNED))} only: its window branch measured no "
+                  "faster than v4 / v5 (short programs; docs/BENCHMARKS.md, 2026-12-03; force forward_version='v6' "
+                  "to run it)")
     chosen, reasons = {}, {}
     for d, table, word in (("fwd", FORWARD, "forward"), ("bwd", BACKWARD, "backward")):
         ok = [v for v, m in table.items() if v != FP8 and feats <= getattr(m, "SUPPORTS", frozenset())]
