@@ -47,9 +47,11 @@ backward v5, which is deterministic, and runs there unless a caller forces v6:
 - SOFTCAP: P from c tanh(S scale / c), and dS^T = P^T o (dP^T - D_i) o (1 - tanh^2); tanh stays in registers
   through dP^T's wait (32 a thread, which spills: the soft-cap loop stores and loads ~60 values a tile).
 - DROPOUT: forward v6's mask regenerated once (backward v5 draws it in both its kernels), S^T's keep masks made
-  while S^T and dP^T are on the tensor cores; Z's factor 1 / (1 - p) is applied to dK, dV and dQ once, at the end.
-  Its loop spills too (sm_90, triton 3.6: 1,186 instructions a step with 48 local stores and 71 loads, against 648,
-  8 and 14 without): the masks (16 registers) and Philox's live beside dK and dV's 128.
+  before the step's products are issued, into shared memory (1 KiB a consumer and step, two steps' worth), and read
+  back where P^T and dP^T need them; Z's factor 1 / (1 - p) is applied to dK, dV and dQ once, at the end.  Made
+  while S^T and dP^T were in flight, with the masks in registers (16 a thread) beside dK and dV's 128, the loop
+  spilled more (sm_90, triton 3.6: 1,186 instructions a step, 48 local stores and 71 loads; now 1,063, 28 and 48;
+  648, 8 and 14 without dropout) and measured 1.41 ms against 1.28 (docs/BENCHMARKS.md).
 - VARLEN (packed sequences, forward v6's layout): a program's sequence from cu_seqlens, its first row and key added
   to every TMA coordinate.  A tile may load the next sequence's rows, which are not zeros as past a dense tensor's
   end; rather than a mask on every tile (masking the ragged ones in loops of their own spilled the loop without the
@@ -96,8 +98,9 @@ if AVAILABLE:
 
     # Dropout's bits for S^T (64 keys x 64 rows a consumer; forward v6's mask, bit for bit).  In the wgmma layout a
     # warp holds 16 keys, one group of 16 columns of the forward's mask: 4 groups x 64 rows = 256 Philox calls, two a
-    # thread in _DROP_CALLS_T (the warp picks the group, lanes and a register the row), their masks moved to the lanes
-    # that hold each row (_DROP_MASKS_T); (group, k, row) -> (16 group + k, row) is then S^T's wgmma layout.
+    # thread in _DROP_CALLS_T (the warp picks the group, lanes and a register the row), their masks stored to shared
+    # memory and read back by the lanes that hold each row (_DROP_MASKS_T); (group, k, row) -> (16 group + k, row) is
+    # then S^T's wgmma layout.
     _DROP_CALLS_T = gl.constexpr(gl.DistributedLinearLayout(
         reg_bases=[[0, 32]], lane_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [0, 16]],
         warp_bases=[[1, 0], [2, 0]], block_bases=[], shape=[4, 64]))
@@ -108,18 +111,18 @@ if AVAILABLE:
     _DROP_MASKS_T = gl.constexpr(gl.SliceLayout(1, _DROP_BITS_T))
 
     @gluon.jit
-    def _dropout_masks_t(drop, bh, row0, group0):
+    def _dropout_words_t(drop, bh, row0, group0):
         """Keep masks of a consumer's S^T tile (key groups group0 ... + 3, rows row0 ... + 63): (4, 64) words in
-        _DROP_MASKS_T, bit 8 (k % 4) + k // 4 of [g, r] the score (row r, key 16 (group0 + g) + k)'s."""
+        _DROP_CALLS_T (two a thread, as computed), bit 8 (k % 4) + k // 4 of [g, r] the score (row r, key
+        16 (group0 + g) + k)'s."""
         seed_lo, seed_hi, thr, _, _ = drop
         groups = group0 + gl.arange(0, 4, layout=gl.SliceLayout(1, _DROP_CALLS_T))
         rows = row0 + gl.arange(0, 64, layout=gl.SliceLayout(0, _DROP_CALLS_T))
-        words = _keep_words(seed_lo, seed_hi, bh.to(gl.uint32), rows[None, :], groups[:, None], thr)
-        return gl.convert_layout(words, _DROP_MASKS_T)
+        return _keep_words(seed_lo, seed_hi, bh.to(gl.uint32), rows[None, :], groups[:, None], thr)
 
     @gluon.jit
     def _kept_t(x, masks, layout: gl.constexpr):
-        """x (S^T's wgmma layout) with the dropped scores at 0 (masks from _dropout_masks_t)."""
+        """x (S^T's wgmma layout) with the dropped scores at 0 (masks: _dropout_words_t's, read in _DROP_MASKS_T)."""
         k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _DROP_BITS_T)))
         # key k's bit, 8 (k % 4) + k // 4: k's bits 0-2 are the lane's (one shift a mask), bit 3 a register's
         by_lane = gl.expand_dims(gl.expand_dims(8 * (k & 3) + ((k >> 2) & 1), 0), 2)
@@ -148,7 +151,7 @@ if AVAILABLE:
                         DROPOUT: gl.constexpr, WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """The producer (1 warp): K_j and V_j once, then, for each query head of the K/V head's group, Q_i and dO_i
         into stage it % STAGES when it is empty."""
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
         off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -189,12 +192,12 @@ if AVAILABLE:
         so that the other tiles' loop carries no mask (its indices cost registers, and registers here are short: a
         causal loop with them spilled).  BAND: the window's mask (else the causal one), and rows that see no key
         (LSE = -inf) taken as LSE = +inf, so their P = 0.  SOFTCAP: scores c tanh(s scale / c) (qk_scale = c log2 e,
-        cap_in = scale / c), and dS^T gains the factor 1 - tanh^2.  DROPOUT: forward v6's keep masks, made while S^T
-        and dP^T are on the tensor cores: dV_w += (P^T o Z) dO_i and dS^T = P^T o (dP^T o Z - D_i), Z the kept
+        cap_in = scale / c), and dS^T gains the factor 1 - tanh^2.  DROPOUT: forward v6's keep masks, made before the
+        products are issued (through dm_smem): dV_w += (P^T o Z) dO_i and dS^T = P^T o (dP^T o Z - D_i), Z the kept
         scores' 1 / (1 - p), 0 elsewhere; here without Z's factor 1 / (1 - p), which the caller applies to dK and dV
         and the launcher to dQ.  VARLEN (a packed sequence; rows and keys counted from its start q0, k0): the rows
         past the sequence's end (the next one's) read LSE = +inf, so their P and dS are 0."""
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem = bufs
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
         off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
         Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, stride_dl = sizes
@@ -245,12 +248,18 @@ if AVAILABLE:
             q_s = q_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
             do_s = do_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
 
+            if DROPOUT:   # keys n0 + 64 WG ... (four groups of 16, one a warp) x the tile's 64 rows, to shared memory
+                # before the products: made while S^T and dP^T were in flight, the 16 mask registers and Philox's
+                # lived beside theirs and dK, dV's and spilled (sm_90: 1,186 instructions a step, 48 local stores, 71
+                # loads; now 1,063, 28, 48); read back where P^T and dP^T need them.  Two steps' buffers: a step's
+                # words are written after every thread passed the last step's barrier, so after its reads.
+                mbuf = dm_smem.index(WG * 2 + b)
+                mbuf.store(_dropout_words_t(drop, off_b * H + off_h, row0, (n0 + WG * HALF) // 16))
+                _sync()
             mbarrier.wait(q_ready.index(st), ph)
             s_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(st), ph)
             dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            if DROPOUT:   # keys n0 + 64 WG ... (four groups of 16, one a warp) x the tile's 64 rows
-                masks = _dropout_masks_t(drop, off_b * H + off_h, row0, (n0 + WG * HALF) // 16)
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))                     # S^T done; dP^T in flight
             if SOFTCAP:
                 s_t = _tanh(s_t * cap_in)
@@ -264,13 +273,13 @@ if AVAILABLE:
                 s_t = gl.where(keep, s_t, float("-inf"))     # (soft-cap: t stays unmasked; P = 0 zeroes dS there)
             p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))  # P^T <= 1 (keys past Nk too)
             if DROPOUT:   # Z's 1 / (1 - p) is taken out of dV, dK and dQ and applied once, at their end
-                p16 = gl.convert_layout(_kept_t(p_t, masks, mma_s).to(dtype), a_op)
+                p16 = gl.convert_layout(_kept_t(p_t, mbuf.load(_DROP_MASKS_T), mma_s).to(dtype), a_op)
             else:
                 p16 = gl.convert_layout(p_t.to(dtype), a_op)
             dv_tok = warpgroup_mma(p16, do_s, dv, is_async=True)             # dV_w += P^T dO_i
             dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))                   # dP^T done; dV in flight
             if DROPOUT:   # dS^T (1 - p) = P^T o (dP^T o keep - D_i (1 - p))
-                dp_t = _kept_t(dp_t, masks, mma_s)
+                dp_t = _kept_t(dp_t, mbuf.load(_DROP_MASKS_T), mma_s)
                 delta = delta * (1.0 / drop[3])
             if SOFTCAP:                                                    # d(c tanh(x / c)) / dx = 1 - tanh^2
                 ds16 = (p_t * (dp_t - delta[None, :]) * (1.0 - t * t)).to(dtype)
@@ -495,7 +504,11 @@ if AVAILABLE:
             mbarrier.init(ds_free.index(s), count=2)
         fence_async_shared()
 
-        bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem)
+        dm_smem = dq_smem                                               # (unused)
+        if DROPOUT:   # each consumer's keep words of a step, two steps' worth (1 KiB each)
+            dm_smem = gl.allocate_shared_memory(gl.uint32, [4, 4, 64],
+                                                gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem)
         bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar)
         coords = (off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0)
         if VARLEN:
