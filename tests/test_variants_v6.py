@@ -247,6 +247,19 @@ def test_v6_refuses_variant_arguments_it_does_not_implement():
     assert drop.dropout and drop.p_drop == 26 / 256 and (drop.seed_lo, drop.seed_hi) == (5, 3)   # the rate in 256ths
 
 
+def test_v6_seed_halves_are_signed_32_bit_ints():
+    """Triton types an int argument by its value: halves past 2**31 would make the kernel i64 on some calls and i32 on
+    others (a second compilation; through a kept runner, an error).  Every seed's halves fit an i32, and are its bits."""
+    p = P.plan(1, 2, 4096, 4096, 128, bf16, True, facts=H200)
+    g = torch.Generator().manual_seed(0)
+    seeds = [0, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**62 - 1, 2**63 - 1] + \
+        torch.randint(0, 2**62, (200,), generator=g).tolist()
+    for seed in seeds:
+        c = forward_v6.variant_scalars(p, 0.1, dropout_p=0.1, seed=seed)
+        assert -2**31 <= c.seed_lo < 2**31 and -2**31 <= c.seed_hi < 2**31, (seed, c)
+        assert (c.seed_lo & 0xFFFFFFFF) | ((c.seed_hi & 0xFFFFFFFF) << 32) == seed, seed
+
+
 # ------------------------------------------------------------------------------------------------- dropout
 
 DROPOUT = [
@@ -377,4 +390,33 @@ def test_gpu_v6_later_calls_through_the_compiled_kernels_runner(packed, monkeypa
     assert tiles.STATS["fast"] >= fast + 2, tiles.STATS      # forward v6 and backward v6 (and the Delta step)
     ran = [(p.fwd_version, p.bwd_version) for p in P._PLANS.values() if p.variant.features()]
     assert ran and all(r == ("v6", "v6") for r in ran), ran
+    P.forget()
+
+
+@pytest.mark.gpu
+@sm90
+def test_gpu_v6_dropout_seeds_of_every_size_through_one_runner(monkeypatch):
+    """seed=None draws a seed below 2**62 on every call, so the seed's low half is past 2**31 on about half of them:
+    calls of the same shapes (one kept runner) must all run, forward and backward, with the bits of their own seed
+    (each output against the v4 / v5 run of the same seed)."""
+    from flashlab.kernels import tiles
+    q, k, v = (torch.randn(1, 4, 2100, 128, device="cuda", dtype=bf16) for _ in range(3))
+    do = torch.randn_like(q)
+    outs = {}
+    for versions in (("v6", "v6"), ("v4", "v5")):
+        _force(monkeypatch, forward_version=versions[0], backward_version=versions[1])
+        fast0 = tiles.STATS["fast"]
+        for seed in (5, 2**31 + 5, 2**63 - 1, 2**40 + 2**31, None):
+            xs = [t.clone().requires_grad_() for t in (q, k, v)]
+            if seed is None:    # a drawn seed, the same for both versions
+                torch.manual_seed(11)
+            o = flashlab.flash_attention(*xs, is_causal=True, dropout_p=0.2, seed=seed)
+            outs[versions, seed] = (o.detach(),) + torch.autograd.grad(o, xs, do)
+        if versions[0] == "v6":   # the four calls after the first: forward and backward through the kept runners
+            assert tiles.STATS["fast"] - fast0 >= 8, tiles.STATS
+    for seed in (5, 2**31 + 5, 2**63 - 1, 2**40 + 2**31, None):
+        a, b = outs[("v6", "v6"), seed], outs[("v4", "v5"), seed]
+        err = max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+        assert err < 5e-2, (seed, err)
+    assert (outs[("v6", "v6"), 5][0] != outs[("v6", "v6"), 2**31 + 5][0]).any()
     P.forget()

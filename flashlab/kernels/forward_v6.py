@@ -558,7 +558,7 @@ class VariantCall(NamedTuple):
     cap_in: float
     dropout: bool = False
     p_drop: float = 0.0   # the rate applied, a whole number of 1/256ths (reference.dropout_rate)
-    seed_lo: int = 0      # the seed's low and high 32 bits (Philox's key)
+    seed_lo: int = 0      # the seed's low and high 32 bits (Philox's key), each as a signed 32-bit int (_int32)
     seed_hi: int = 0
 
 
@@ -581,7 +581,16 @@ def variant_scalars(plan, scale: float, softcap=None, dropout_p: float = 0.0, se
     drop = dropout_p > 0
     seed = int(seed) if drop else 0
     return VariantCall(plan.causal and band is None, band is not None, softcap is not None, left, right, qk, cap_in,
-                       drop, dropout_rate(dropout_p) if drop else 0.0, seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
+                       drop, dropout_rate(dropout_p) if drop else 0.0, _int32(seed), _int32(seed >> 32))
+
+
+def _int32(x: int) -> int:
+    """x's low 32 bits as a signed 32-bit int (the kernels read them back as uint32, the same bits).  Triton types an
+    int argument by its value (i32 below 2**31, i64 above), so halves up to 2**32 - 1 would give the kernel one
+    signature or the other from call to call: a second compilation, and a launch through a kept runner
+    (tiles.launch_cached) with the other type, an error.  Signed, every seed's halves are i32."""
+    x &= 0xFFFFFFFF
+    return x - (1 << 32) if x >= (1 << 31) else x
 
 
 def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
