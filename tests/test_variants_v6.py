@@ -87,7 +87,7 @@ out = []
 for mod, kw in ((forward_v6, dict(band=True, varlen=True)), (forward_v6, dict(softcap=True, causal=True)),
                 (backward_v6, dict(band=True, softcap=True, kv_group=2)), (backward_v6, dict(kv_group=4, causal=True)),
                 (backward_v6, dict(kv_group=4)), (forward_v6, dict(dropout=True, causal=True)),
-                (backward_v6, dict(dropout=True, kv_group=2, causal=True))):
+                (backward_v6, dict(dropout=True, kv_group=2, causal=True, varlen=True))):
     k = mod.compile_sm90(**kw)
     ptx = k.asm["ptx"]
     out.append(dict(shared=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), tma="cp.async.bulk.tensor" in ptx,
@@ -102,7 +102,7 @@ def test_v6_variant_kernels_compile_for_sm90():
     """Each variant's constexpr branch compiles with this Triton and fits an H200's shared memory.  The backward's
     loops: the window's three (the band's two edges masked, the inside not), causal two, plain one; a GQA program
     walks its group's query heads in one more loop around them, so its PTX holds each loop once.  Dropout compiles
-    forward and backward (its Philox in integer multiplies: mul.hi)."""
+    forward and backward (its Philox in integer multiplies: mul.hi), the backward's with packed sequences too."""
     fb, fsc, bb, bgc, bg, fd, bd = compile_in_child(COMPILE, False)
     for k in (fb, fsc, bb, bgc, bg, fd, bd):
         assert k["shared"] <= H200.shared_memory and k["tma"] and not k["local"] and k["wgmma"] > 0
@@ -343,13 +343,15 @@ def test_gpu_v6_dropout_mask_bit_for_bit(p, seed, monkeypatch):
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("packed", [False, True], ids=["dense gqa", "packed"])
-def test_gpu_v6_later_calls_through_the_compiled_kernels_runner(packed, monkeypatch):
+def test_gpu_v6_later_calls_through_the_compiled_kernels_runner(packed, monkeypatch, request):
     """After a specialisation's first launch, v6 launches through the compiled kernel's runner (no argument binding:
     tiles.launch_cached); a second call on new data of the same shapes must take that path, forward and backward,
     and still match float64.  (Forced: at these sizes the plan's backward is v5.)"""
     from flashlab.kernels import tiles
+    from flashlab.kernels import _RUNNERS
     from flashlab.reference import attention_varlen_torch
     _force(monkeypatch, forward_version="v6", backward_version="v6")
+    request.addfinalizer(P.forget)
     lens, H, Hk = [700, 1400, 1948], 4, 2
     cu = torch.tensor([0, 700, 2100, 4048], dtype=torch.int32, device="cuda")
 
@@ -387,36 +389,40 @@ def test_gpu_v6_later_calls_through_the_compiled_kernels_runner(packed, monkeypa
         checks = [judge(n, a, s, r, bf16) for n, a, s, r in zip(("o", "dq", "dk", "dv"), ours, refs[torch.float32],
                                                                   refs[torch.float64])]
         assert all(c.ok for c in checks), "\n".join(map(str, checks))
-    assert tiles.STATS["fast"] >= fast + 2, tiles.STATS      # forward v6 and backward v6 (and the Delta step)
+    assert tiles.STATS["fast"] >= fast + 3, tiles.STATS      # forward v6, the Delta step and backward v6
+    kept = {name for r in _RUNNERS.values() for name in r}
+    assert {"fwd v6", "bwd v6"} <= kept, kept
     ran = [(p.fwd_version, p.bwd_version) for p in P._PLANS.values() if p.variant.features()]
     assert ran and all(r == ("v6", "v6") for r in ran), ran
-    P.forget()
 
 
 @pytest.mark.gpu
 @sm90
-def test_gpu_v6_dropout_seeds_of_every_size_through_one_runner(monkeypatch):
-    """seed=None draws a seed below 2**62 on every call, so the seed's low half is past 2**31 on about half of them:
-    calls of the same shapes (one kept runner) must all run, forward and backward, with the bits of their own seed
-    (each output against the v4 / v5 run of the same seed)."""
+def test_gpu_v6_dropout_seeds_of_every_size_through_kept_runners(monkeypatch, request):
+    """seed=None draws a seed below 2**62 on every call, so the seed's low half is past 2**31 on about half of them.
+    Calls of the same shapes must all run, forward and backward, with the bits of their own seed (each output against
+    the v4 / v5 run of the same seed).  The runners' key tells seeds below 2**31 from the others; among the others the
+    first, 2**32 + 5, has a low half below 2**31, and the next, 2**31 + 5, one past it: with halves typed by value
+    the second would reach a kept i32 kernel with an int it cannot take."""
     from flashlab.kernels import tiles
+    request.addfinalizer(P.forget)
+    SEEDS = (5, 2**32 + 5, 2**31 + 5, 2**63 - 1, 2**40 + 2**31, None)
     q, k, v = (torch.randn(1, 4, 2100, 128, device="cuda", dtype=bf16) for _ in range(3))
     do = torch.randn_like(q)
     outs = {}
     for versions in (("v6", "v6"), ("v4", "v5")):
         _force(monkeypatch, forward_version=versions[0], backward_version=versions[1])
         fast0 = tiles.STATS["fast"]
-        for seed in (5, 2**31 + 5, 2**63 - 1, 2**40 + 2**31, None):
+        for seed in SEEDS:
             xs = [t.clone().requires_grad_() for t in (q, k, v)]
             if seed is None:    # a drawn seed, the same for both versions
                 torch.manual_seed(11)
             o = flashlab.flash_attention(*xs, is_causal=True, dropout_p=0.2, seed=seed)
             outs[versions, seed] = (o.detach(),) + torch.autograd.grad(o, xs, do)
-        if versions[0] == "v6":   # the four calls after the first: forward and backward through the kept runners
-            assert tiles.STATS["fast"] - fast0 >= 8, tiles.STATS
-    for seed in (5, 2**31 + 5, 2**63 - 1, 2**40 + 2**31, None):
+        if versions[0] == "v6":   # four calls through kept runners: forward v6, Delta, backward v6 each
+            assert tiles.STATS["fast"] - fast0 >= 12, tiles.STATS
+    for seed in SEEDS:
         a, b = outs[("v6", "v6"), seed], outs[("v4", "v5"), seed]
         err = max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
         assert err < 5e-2, (seed, err)
     assert (outs[("v6", "v6"), 5][0] != outs[("v6", "v6"), 2**31 + 5][0]).any()
-    P.forget()

@@ -169,7 +169,7 @@ if AVAILABLE:
     def _produce(off_b, off_h, base, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
                  qdo_empty):
         """Query head off_h's Q_i and dO_i, the ring's steps base ... base + n_iter - 1 (off_b: the descriptors'
-        batch, q0: the sequence's first row, both 0 in a packed call's (1, H, total, D) view)."""
+        batch, 0 in a packed call's (1, H, total, D) view; q0: the sequence's first row there, 0 in a dense call)."""
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         for i in range(n_iter):
@@ -185,8 +185,7 @@ if AVAILABLE:
     @gluon.jit
     def _consumer_steps(lo, hi, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta,
                         qk_scale, cap_in, drop, MASK: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                        DROPOUT: gl.constexpr, WG: gl.constexpr, CAUSAL: gl.constexpr = True,
-                        VARLEN: gl.constexpr = False):
+                        DROPOUT: gl.constexpr, WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """Q tiles lo ... hi - 1 of query head off_h's walk (the ring's steps base + lo ...): dK_w, dV_w updated and
         returned, dQ's share added.  MASK (the tiles on the diagonal or the band's edges only): a loop of its own,
         so that the other tiles' loop carries no mask (its indices cost registers, and registers here are short: a
@@ -251,8 +250,9 @@ if AVAILABLE:
             if DROPOUT:   # keys n0 + 64 WG ... (four groups of 16, one a warp) x the tile's 64 rows, to shared memory
                 # before the products: made while S^T and dP^T were in flight, the 16 mask registers and Philox's
                 # lived beside theirs and dK, dV's and spilled (sm_90: 1,186 instructions a step, 48 local stores, 71
-                # loads; now 1,063, 28, 48); read back where P^T and dP^T need them.  Two steps' buffers: a step's
-                # words are written after every thread passed the last step's barrier, so after its reads.
+                # loads; now 1,063, 28, 48); read back where P^T and dP^T need them.  A step's words are written after
+                # every thread of the warpgroup passed the last step's later barriers (dS^T's, dQ's), so after its
+                # reads (one buffer would do; there are two, by step parity).
                 mbuf = dm_smem.index(WG * 2 + b)
                 mbuf.store(_dropout_words_t(drop, off_b * H + off_h, row0, (n0 + WG * HALF) // 16))
                 _sync()
@@ -345,11 +345,9 @@ if AVAILABLE:
             else:
                 n_a = n_iter * 0
             dk, dv = _consumer_steps(0, n_a, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
-                                     LSE, Delta, qk_scale, cap_in, drop, True, BAND, SOFTCAP, DROPOUT, WG, CAUSAL,
-                                     True)
+                                     LSE, Delta, qk_scale, cap_in, drop, True, BAND, SOFTCAP, DROPOUT, WG, True)
             dk, dv = _consumer_steps(n_a, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, drop, False, BAND, SOFTCAP, DROPOUT, WG,
-                                     CAUSAL, True)
+                                     band, LSE, Delta, qk_scale, cap_in, drop, False, BAND, SOFTCAP, DROPOUT, WG, True)
         elif BAND:   # tile rows r0 ... r0 + 63 see all 128 keys iff n0 + 127 - right <= r0 <= n0 - 63 + left
             left, right = band
             n_a = gl.maximum(gl.minimum(gl.cdiv(gl.maximum(n0 + 127 - right, 0), 64) - m_lo, n_iter), 0)
@@ -539,7 +537,8 @@ if AVAILABLE:
 
 def config_lists(head_dim, dtype, limit, cc) -> dict:
     """One config (the tiles are the kernel's design: 64 query rows x 128 keys, 4 warps per partition), 2 stages.
-    Shared memory: K, V 64 KiB, Q and dO 32 KiB a stage, dS^T 2 x 16, the dQ stages 2 x 16: 192 KiB at 2 stages."""
+    Shared memory: K, V 64 KiB, Q and dO 32 KiB a stage, dS^T 2 x 16, the dQ stages 2 x 16: 192 KiB at 2 stages
+    (4 KiB more with dropout: its keep words; the filter below does not count them, and 2 stages leave room)."""
     cands = [C(64, 128, 4, 2)]
     if limit is not None:
         cands = [c for c in cands if 1024 * (64 + 32 * c.num_stages + 64) + 1024 <= limit]
@@ -625,7 +624,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
     group = tiles.head_group(bh_kv, n_n, plan.facts.sms) if call.causal else 1
     args = (_descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
             _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
-            *d_strides, *lse_strides, plan.H, plan.Nq, plan.Nk, scale, call.qk_scale, group,
+            *d_strides, *lse_strides, plan.H, plan.Nq, plan.Nk, float(scale), call.qk_scale, group,
             call.left, call.right, call.cap_in, call.seed_lo, call.seed_hi, call.p_drop, cu_q, cu_k, delta.stride(-2))
     consts = dict(CAUSAL=call.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
                   STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,

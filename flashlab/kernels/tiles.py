@@ -336,7 +336,8 @@ _LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
 def launch_cached(kern, grid, args, consts: dict, runners: dict | None, key):
-    """``kern[grid](*args, **consts)`` for a kernel launched outside a plan (split-KV decoding, its merge);
+    """``kern[grid](*args, **consts)`` for a kernel whose launcher picks its own config (split-KV decoding, its
+    merge, forward and backward v6);
     after the first launch of a specialisation (``runners[key]``: the caller's key must hold everything Triton
     specialises on, i.e. the integer arguments' values or strides and the tensors' 16-byte alignment)
     through the compiled kernel's runner, as :func:`run` does.  ``consts``: the constexprs and launch options."""
