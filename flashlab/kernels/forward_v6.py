@@ -29,8 +29,8 @@ none), so the plan runs it only on such a GPU and the tests that run it need one
 
 **The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences, dropout), constexpr branches that
 cost nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA, soft-cap, dropout and
-packed sequences (plan.V6_PLANNED; packed documents of 2048 rows 1.12-1.33x v4, the spread the host's, whose time
-for such a call is close to v6's GPU time); windows run in forward v4 unless a caller forces v6: there v6 measured
+packed sequences (plan.V6_PLANNED; packed documents of 2048 rows 1.06-1.32x v4 from run to run, the host's time for
+such a call close to v6's GPU time); windows run in forward v4 unless a caller forces v6: there v6 measured
 no faster (short programs: docs/BENCHMARKS.md, 2026-12-03):
 GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
 masks only the tiles that cross the band's edges, and gives a row that sees no key O = 0 and LSE = -inf (its

@@ -80,9 +80,10 @@ ONE_PASS_MIN_ROWS = 1 << 16
 # for them: on the H200 (bf16, D = 128, docs/BENCHMARKS.md 2026-12-03, scripts/v6_variant_probe.py) v6's window
 # forward measured 0.62-1.23x v4 at 256-1024 keys from run to run (v4 the same in every run), its backward
 # 0.97-1.05x v5.  A v6 program spends about as long starting and ending as on a few key tiles, and fills a
-# multiprocessor's shared memory.  Packed sequences: forward v6 measured 1.12-1.33x v4 (8 documents of 2048 rows)
-# and 1.14-1.18x (2 of 8192), backward v6 1.03x and 1.05x v5 (docs/BENCHMARKS.md 2026-12-03, "packed sequences in
-# backward v6"); its spread is the host's (a packed call's host time is close to v6's GPU time at 2048 rows).
+# multiprocessor's shared memory.  Packed sequences: forward v6 measured 1.06-1.32x v4 (8 documents of 2048 rows)
+# and 1.14-1.21x (2 of 8192), backward v6 1.03-1.05x and 1.06-1.08x v5 (docs/BENCHMARKS.md 2026-12-03, "packed
+# sequences in backward v6"); the spread at 2048 rows is not fully explained (a packed call's host time is close to
+# v6's GPU time there).
 # Dropout in v6 (its Philox bits the same as v4 / v5's) measured 1.18-1.43x v4 / v5 with dropout
 # (scripts/dropout_v6_probe.py).
 V6_PLANNED = frozenset({"gqa", "softcap", "dropout", "varlen"})
