@@ -11,6 +11,8 @@ from nbclient import NotebookClient
 import browser_util
 from flashlab.colab import badge, install_cell
 from flashlab.grader.assign import assign
+from flashlab import device
+from flashlab.grader import isolation as iso
 from flashlab.grader.batch import grade_all
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +39,11 @@ def _grades(path, tmp_path, timeout=600):
     """Grade the notebook as an instructor does (batch grading, in the sandbox where root): the
     verdicts are the grader's own, computed outside the notebook's process."""
     isolation = "auto" if os.geteuid() == 0 else "weak"      # weak: our own notebooks, trusted
-    rows = grade_all([path], tmp_path / "grades", timeout=timeout, progress=False, isolation=isolation)
+    # On a GPU, as the README tells an instructor (--memory unlimited): CUDA reserves more address space than
+    # the 4 GiB a process gets by default, and libtorch_cuda would not even load.
+    limits = iso.Limits(memory=-1) if device.DEVICE.type == "cuda" else None
+    rows = grade_all([path], tmp_path / "grades", timeout=timeout, progress=False, isolation=isolation,
+                     limits=limits)
     assert len(rows) == 1, rows
     row = rows[0]
     assert row.status == "ok", f"{row.status}: {row.detail}"
