@@ -204,6 +204,9 @@ def test_variant_choices_on_a_t4_an_l4_and_an_h200(facts, D, dtype):
                 mask="bool", dropout=True), P.Variant(varlen=True, window=(-1, 64))):
         p = P.plan(B, H, N, N, D, dtype, True, variant=var, facts=facts)
         v6_here = facts is P.H200 and dtype == fp16 and D == 128 and P.forward_v6.AVAILABLE
+        if v6_here and var.features() <= P.V6_PLANNED_FORWARD and not var.features() <= P.V6_PLANNED:   # windows
+            assert (p.fwd_version, p.bwd_version) == ("v6", "v5"), (var, p)
+            continue
         if v6_here and var.features() <= P.V6_PLANNED:   # GQA (and soft-cap): v6's constexpr branches
             assert (p.fwd_version, p.bwd_version) == ("v6", "v6"), (var, p)
             assert [s.kernel for s in p.forward + p.backward] == ["fwd v6", "preprocess", "bwd v6"]

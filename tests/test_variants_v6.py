@@ -46,20 +46,36 @@ def test_plan_runs_v6_for_gqa_softcap_dropout_and_packed_sequences(var):
 @needs_gluon
 @pytest.mark.parametrize("var", [P.Variant(window=(1023, 0)), P.Variant(kv_groups=8, window=(255, 64), softcap=True),
                                  P.Variant(varlen=True, window=(-1, 64))], ids=str)
-def test_plan_keeps_v4_v5_for_windows_unless_forced(var):
-    """v6 implements them, but measured no faster (docs/BENCHMARKS.md, 2026-12-03): the plan says so, and forcing
-    runs them."""
+def test_plan_runs_windows_in_forward_v6_and_backward_v5_unless_forced(var):
+    """Forward v6 on a persistent grid for windows; backward v6 implements them too but measured no faster than v5
+    (docs/BENCHMARKS.md, 2026-12-03 and 12-04): the plan says so, and forcing runs it."""
     p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)
-    assert (p.fwd_version, p.bwd_version) == ("v4", "v5") and "measured no faster" in p.reasons["fwd"], p
-    forced = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200, forward_version="v6")
-    assert forced.fwd_version == "v6"
+    assert (p.fwd_version, p.bwd_version) == ("v6", "v5"), p
+    assert "persistent grid" in p.reasons["fwd"] and "measured no faster" in p.reasons["bwd"], p.reasons
+    call = forward_v6.variant_scalars(p, 0.1)
+    assert forward_v6.persistent(p, call)
+    forced = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200, backward_version="v6")
+    assert forced.bwd_version == "v6"
+
+
+@needs_gluon
+@pytest.mark.parametrize("var,persistent", [(P.Variant(kv_groups=4), False), (P.Variant(varlen=True), False),
+                                            (P.Variant(dropout=True), False), (P.Variant(window=(64, 64)), True)],
+                         ids=str)
+def test_only_windows_run_on_a_persistent_grid(var, persistent):
+    """A persistent grid measured slower for causal attention and packed documents (a static share of the tiles
+    loses the hardware's longest-first hand-out) and only as fast non-causal (docs/BENCHMARKS.md, 2026-12-04)."""
+    for causal in (False, True):
+        p = P.plan(2, 32, 8192, 8192, 128, bf16, causal, variant=var, facts=H200)
+        assert p.fwd_version == "v6"
+        assert forward_v6.persistent(p, forward_v6.variant_scalars(p, 0.1)) == persistent, (var, causal)
 
 
 @needs_gluon
 @pytest.mark.parametrize("why,kw,want", [
     ("ALiBi is not v6's", dict(variant=P.Variant(kv_groups=4, alibi=True)), ("v4", "v5")),
-    ("a window stays on v4 / v5, with dropout too", dict(variant=P.Variant(window=(64, 0), dropout=True)),
-     ("v4", "v5")),
+    ("a window: forward v6, backward v5, with dropout too", dict(variant=P.Variant(window=(64, 0), dropout=True)),
+     ("v6", "v5")),
     ("deterministic dropout: forward v6, backward v5 (the same bits)",
      dict(variant=P.Variant(dropout=True), deterministic=True), ("v6", "v5")),
     ("D = 64", dict(D=64), ("v4", "v5")),
@@ -87,7 +103,8 @@ out = []
 for mod, kw in ((forward_v6, dict(band=True, varlen=True)), (forward_v6, dict(softcap=True, causal=True)),
                 (backward_v6, dict(band=True, softcap=True, kv_group=2)), (backward_v6, dict(kv_group=4, causal=True)),
                 (backward_v6, dict(kv_group=4)), (forward_v6, dict(dropout=True, causal=True)),
-                (backward_v6, dict(dropout=True, kv_group=2, causal=True, varlen=True))):
+                (backward_v6, dict(dropout=True, kv_group=2, causal=True, varlen=True)),
+                (forward_v6, dict(band=True, varlen=True, dropout=True, persist=True))):
     k = mod.compile_sm90(**kw)
     ptx = k.asm["ptx"]
     out.append(dict(shared=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), tma="cp.async.bulk.tensor" in ptx,
@@ -102,9 +119,10 @@ def test_v6_variant_kernels_compile_for_sm90():
     """Each variant's constexpr branch compiles with this Triton and fits an H200's shared memory.  The backward's
     loops: the window's three (the band's two edges masked, the inside not), causal two, plain one; a GQA program
     walks its group's query heads in one more loop around them, so its PTX holds each loop once.  Dropout compiles
-    forward and backward (its Philox in integer multiplies: mul.hi), the backward's with packed sequences too."""
-    fb, fsc, bb, bgc, bg, fd, bd = compile_in_child(COMPILE, False)
-    for k in (fb, fsc, bb, bgc, bg, fd, bd):
+    forward and backward (its Philox in integer multiplies: mul.hi), the backward's with packed sequences too; the
+    forward on a persistent grid too."""
+    fb, fsc, bb, bgc, bg, fd, bd, fp = compile_in_child(COMPILE, False)
+    for k in (fb, fsc, bb, bgc, bg, fd, bd, fp):
         assert k["shared"] <= H200.shared_memory and k["tma"] and not k["local"] and k["wgmma"] > 0
     assert fsc["tanh_exp2"] > fb["tanh_exp2"]                   # soft-cap's tanh adds exponentials
     # Philox's rounds (2 mul.hi a round): present, and each call made once per thread (four copies per lane of a quad
@@ -161,8 +179,47 @@ def test_gpu_v6_variants_match_float64(case, monkeypatch):
         P.forget()
 
 
+MANY = [
+    # (label, B, H, Hk, Nq, Nk, dtype, kwargs): more Q tiles x B * H than an H200 has multiprocessors (132), so a
+    # persistent program runs several work items, its ring of K / V stages and Q's barrier carried across them
+    ("window (300, 0) causal, 288 items", 2, 8, 2, 2300, 2300, bf16, dict(is_causal=True, window=(300, 0))),
+    ("window (100, 4), rows that see no key, 304 items", 2, 8, 8, 2400, 1100, fp16, dict(window=(100, 4))),
+    ("window (255, 0) + soft-cap 8 + gqa, large logits", 3, 8, 4, 1500, 1500, bf16,
+     dict(is_causal=True, window=(255, 0), softcap=8.0)),
+    ("gqa causal (persistent only when forced)", 2, 8, 2, 2300, 2300, bf16, dict(is_causal=True)),
+    ("gqa, Nq != Nk (persistent only when forced)", 2, 8, 4, 2100, 1900, fp16, {}),
+]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("every_kind", [False, True], ids=["as planned", "every kind persistent"])
+@pytest.mark.parametrize("case", MANY, ids=[c[0] for c in MANY])
+def test_gpu_v6_persistent_grid_matches_float64(case, every_kind, monkeypatch):
+    """Forward v6 on a persistent grid (windows, as the plan runs them; every_kind: causal and non-causal calls too,
+    which the plan keeps on a program a tile) with many work items a program, against float64."""
+    label, B, H, Hk, Nq, Nk, dtype, kw = case
+    if every_kind:
+        monkeypatch.setattr(forward_v6, "PERSIST_FOR", frozenset({"band", "varlen", "causal", "dense"}))
+    _force(monkeypatch, forward_version="v6")
+    try:
+        s = 3.0 if "large" in label else 1.0
+        q = (s * torch.randn(B, H, Nq, 128, device="cuda")).to(dtype)
+        k = (s * torch.randn(B, Hk, Nk, 128, device="cuda")).to(dtype)
+        v = torch.randn(B, Hk, Nk, 128, device="cuda").to(dtype)
+        _check(q, k, v, label, **kw)
+        plans = [p for p in P._PLANS.values() if p.variant.features()]
+        assert plans and all(p.fwd_version == "v6" for p in plans)
+        assert all(forward_v6.persistent(p, forward_v6.variant_scalars(p, 0.1)) == (every_kind or "window" in kw)
+                   for p in plans)
+    finally:
+        P.forget()
+
+
 VARLEN = [
     # (label, lengths of q, lengths of k, H, Hk, dtype, kwargs)
+    ("6 documents, window (150, 20): a persistent grid of 408 items", [2100, 700, 2100, 1, 2100, 1500], None, 4, 2,
+     bf16, dict(window=(150, 20), is_causal=True)),
     ("5 documents, one empty, causal", [700, 0, 1300, 1, 2049], None, 4, 2, bf16, dict(is_causal=True)),
     ("4 documents, keys != queries, window (150, 20)", [300, 1200, 77, 2100], [500, 1000, 0, 2100], 2, 2, fp16,
      dict(window=(150, 20))),

@@ -36,8 +36,8 @@ Causal grids run longest first by sections of heads (tiles.head_group).
 
 **The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap, dropout, packed sequences), constexpr
 branches that leave the plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a
-tile).  The plan runs GQA, soft-cap, dropout and packed sequences here (plan.V6_PLANNED); a window measured as fast in
-backward v5, which is deterministic, and runs there unless a caller forces v6:
+tile).  The plan runs GQA, soft-cap, dropout and packed sequences here (plan.V6_PLANNED); a window (whose forward runs
+in forward v6) measured as fast in backward v5, which is deterministic, and runs there unless a caller forces v6:
 - GQA: a program owns a K/V head's 128 keys and walks the Q tiles of each of the KV_GROUP query heads that read
   them in turn (the ring's steps continue across heads), summing dK and dV in registers: no atomics for them.
   KV_GROUP is a constexpr (one loop more only when it is above 1: a runtime group spilled the causal loop).

@@ -28,10 +28,9 @@ Hopper only (sm_90: ``warpgroup_mma`` and ``setmaxnreg``), fp16/bf16, D = 128; n
 none), so the plan runs it only on such a GPU and the tests that run it need one.
 
 **The variants** (``SUPPORTS``: GQA, sliding windows, soft-cap, packed sequences, dropout), constexpr branches that
-cost nothing when off (the plain kernel's SASS is unchanged).  The plan runs v6 for GQA, soft-cap, dropout and
-packed sequences (plan.V6_PLANNED; packed documents of 2048 rows 1.06-1.32x v4 from run to run, the host's time for
-such a call close to v6's GPU time); windows run in forward v4 unless a caller forces v6: there v6 measured
-no faster (short programs: docs/BENCHMARKS.md, 2026-12-03):
+cost nothing when off.  The plan runs v6 for GQA, soft-cap, dropout, packed sequences (plan.V6_PLANNED; packed
+documents of 2048 rows 1.06-1.32x v4 from run to run, the host's time for such a call close to v6's GPU time) and
+windows (plan.V6_PLANNED_FORWARD), these on a persistent grid (below):
 GQA reads K/V head h // KV_GROUP; BAND visits only the key tiles that rows row - left ... row + right reach,
 masks only the tiles that cross the band's edges, and gives a row that sees no key O = 0 and LSE = -inf (its
 running maximum taken as 0 while it is -inf); SOFTCAP turns S into c tanh(S scale / c) before the mask (tanh
@@ -41,6 +40,17 @@ lengths as Nq and Nk: the next sequence's rows, which a tile may load, are maske
 P's dropped scores after its row sums with forward v4's mask, bit for bit (Philox keyed on (seed, batch * H + head,
 row, column // 16), one byte a score), each Philox call run once by one thread and its 16 bits sent to the threads
 that hold them (_dropout_masks), and scales O by 1 / (1 - p).
+
+**A persistent grid** (the constexpr PERSIST, for the calls in PERSIST_FOR: windows).  A window's programs are short
+(9 key tiles at a window of 1024), and a program's start (barriers, Q's copy, the first product alone) and end (the
+last product, the stores) cost about as much as a few of them.  With PERSIST the grid has one program per
+multiprocessor, and each takes work items (Q tile, batch, head) pid, pid + nprog, ... (_tile gives an item's
+coordinates, the same order as the one-item grid's): the ring's stage and phase counters run on across items, the
+consumers arrive on ``q_empty`` once the item's last S is done, and the producer, waiting on it, copies the next
+item's Q and first K / V tiles while the consumers finish the last product and store O.  The work items are
+computed in every partition (the one-item kernel too: its SASS grew from 3,968 to 4,032 instructions in triton
+3.9's sm_90 build, the same 44 local stores and 50 loads; its causal forward measured 437-444 TFLOP/s at N = 2048
+and 506 at 4096, against 443 and 497 before, docs/BENCHMARKS.md 2026-12-04).
 
 FP8 (``launch_fp8``, the constexpr FP8; scripts call it, the plan does not): e4m3 Q, K and V^T with one scale
 per (batch, head), GQA, the FP8 `tl` kernel's algorithm (forward_fp8.py) on this schedule.  An e4m3 product's
@@ -103,23 +113,72 @@ if AVAILABLE:
             gl.thread_barrier()
 
     @gluon.jit
-    def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
-                        CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                        SAFE: gl.constexpr, DROPOUT: gl.constexpr, WG: gl.constexpr):
-        """The producer (1 warp): Q's two halves once, then K_j, V_j (FP8: V_j^T) into stage j % STAGES when it
-        is empty."""
+    def _tile(t, work, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BAND: gl.constexpr,
+              VARLEN: gl.constexpr):
+        """Work item t (a program's, or a persistent program's t-th): (coords, Nq, Nk, bh), coords = (off_b, off_h,
+        off_kv, row0, j0, n_tiles, q0, k0): the tile's batch and heads, its first row, its first key tile and how
+        many it visits, a packed sequence's first row and key (0 otherwise); Nq and Nk the sequence's lengths."""
+        _, _, BH, H, KV_GROUP, Nq, Nk, GROUP, left, right, CU_Q, CU_K = work
+        n_m = gl.cdiv(Nq, BLOCK_M)
+        if CAUSAL:
+            rank, bh = _longest_first(t, n_m, BH, GROUP)
+            start_m = n_m - 1 - rank                                     # the last Q tile sees the most keys
+        else:
+            start_m = t % n_m
+            bh = t // n_m
+        off_b = bh // H
+        off_h = bh % H
+        off_kv = off_h // KV_GROUP
+        row0 = start_m * BLOCK_M
+        q0 = 0
+        k0 = 0
+        if VARLEN:   # this sequence's rows of the packed tensors, and its lengths
+            q0 = gl.load(CU_Q + off_b)
+            Nq = gl.load(CU_Q + off_b + 1) - q0
+            k0 = gl.load(CU_K + off_b)
+            Nk = gl.load(CU_K + off_b + 1) - k0
+        hi = Nk
+        if CAUSAL:
+            hi = gl.minimum(row0 + BLOCK_M, Nk)
+        j0 = t * 0                                                       # the first key tile (a tensor, as hi)
+        if BAND:   # the band of rows row0 ... row0 + BLOCK_M - 1: keys row0 - left ... row0 + BLOCK_M - 1 + right
+            hi = gl.minimum(row0 + BLOCK_M + right, Nk)
+            j0 = gl.maximum(gl.minimum(gl.maximum(row0 - left, 0) // BLOCK_N, gl.cdiv(Nk, BLOCK_N) - 1), 0)
+        n_tiles = gl.cdiv(hi, BLOCK_N) - j0
+        if VARLEN:   # past the sequence's end (no row to store): one tile, not all of them
+            n_tiles = gl.where(row0 < Nq, n_tiles, 1)
+        if BAND or VARLEN:   # rows that see no key still run one tile, all masked: O = 0, LSE = -inf
+            n_tiles = gl.maximum(n_tiles, 1)
+        if VARLEN:
+            coords = (0, off_h, off_kv, row0, j0, n_tiles, q0, k0)   # the packed tensors' one "batch"
+        else:
+            coords = (off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0)
+        return coords, Nq, Nk, bh
+
+    @gluon.jit
+    def _n_work(work, BLOCK_M: gl.constexpr):
+        """A persistent grid's work items: Q tiles x B * H."""
+        return gl.cdiv(work[5], BLOCK_M) * work[2]
+
+    @gluon.jit
+    def _load_tile(q_desc, k_desc, v_desc, bufs, bars, coords, it, tc, FP8: gl.constexpr, PERSIST: gl.constexpr):
+        """One work item's copies: Q's two halves (PERSIST: once both consumers are done with the previous item's Q;
+        tc items came before), then K_j, V_j (FP8: V_j^T) into stage (it + j) % STAGES when it is empty (it: the key
+        tiles of the items before, so the ring's stages and phases run on across items)."""
         q_smem, k_smem, v_smem, p_all = bufs
-        q_bar, k_ready, v_ready, kv_empty = bars
+        q_bar, k_ready, v_ready, kv_empty, q_empty = bars
         off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0 = coords
         STAGES: gl.constexpr = k_smem.type.shape[0]
         BLOCK_N: gl.constexpr = k_smem.type.shape[3]
         HALF: gl.constexpr = q_smem.type.shape[3]
+        if PERSIST:
+            mbarrier.wait(q_empty, (tc & 1) ^ 1)                         # a fresh barrier passes phase 1
         mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
         _tma_load(q_desc, [off_b, off_h, q0 + row0, 0], q_bar, q_smem.index(0))
         _tma_load(q_desc, [off_b, off_h, q0 + row0 + HALF, 0], q_bar, q_smem.index(1))
         for j in range(n_tiles):
-            st = j % STAGES
-            mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
+            st = (it + j) % STAGES
+            mbarrier.wait(kv_empty.index(st), (((it + j) // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
             col = k0 + (j0 + j) * BLOCK_N
             _tma_load(k_desc, [off_b, off_kv, col, 0], k_ready.index(st), k_smem.index(st))
@@ -128,6 +187,26 @@ if AVAILABLE:
                 _tma_load(v_desc, [off_b, off_kv, 0, col], v_ready.index(st), v_smem.index(st))
             else:
                 _tma_load(v_desc, [off_b, off_kv, col, 0], v_ready.index(st), v_smem.index(st))
+
+    @gluon.jit
+    def _load_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, work, strides, qk_scale, descale, drop_in,
+                        CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
+                        VARLEN: gl.constexpr, DROPOUT: gl.constexpr, PERSIST: gl.constexpr, WG: gl.constexpr):
+        """The producer (1 warp): each work item's copies (_load_tile); PERSIST: items pid, pid + nprog, ..."""
+        BLOCK_M: gl.constexpr = 2 * bufs[0].type.shape[3]
+        BLOCK_N: gl.constexpr = bufs[1].type.shape[3]
+        pid = work[0]
+        if PERSIST:
+            it = pid * 0
+            tc = pid * 0
+            for t in range(pid, _n_work(work, BLOCK_M), work[1]):
+                coords, _, _, _ = _tile(t, work, BLOCK_M, BLOCK_N, CAUSAL, BAND, VARLEN)
+                _load_tile(q_desc, k_desc, v_desc, bufs, bars, coords, it, tc, FP8, PERSIST)
+                it += coords[5]
+                tc += 1
+        else:
+            coords, _, _, _ = _tile(pid, work, BLOCK_M, BLOCK_N, CAUSAL, BAND, VARLEN)
+            _load_tile(q_desc, k_desc, v_desc, bufs, bars, coords, 0, 0, FP8, PERSIST)
 
     @gluon.jit
     def _masked(s, j, first_row, Nk, band, BLOCK_N: gl.constexpr, HALF: gl.constexpr, CAUSAL: gl.constexpr,
@@ -270,10 +349,12 @@ if AVAILABLE:
             return v_smem.index(st).reshape([BLOCK_N, HEAD_DIM])
 
     @gluon.jit
-    def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
-                            CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
-                            SAFE: gl.constexpr, DROPOUT: gl.constexpr, WG: gl.constexpr):
-        """A consumer warpgroup: rows row0 + WG * 64 ... + 63 of the tile, online softmax with overlapped wgmmas.
+    def _consume_tile(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop, it, tc,
+                      CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
+                      SAFE: gl.constexpr, DROPOUT: gl.constexpr, PERSIST: gl.constexpr, WG: gl.constexpr):
+        """A consumer warpgroup on one work item: rows row0 + WG * 64 ... + 63 of the tile, online softmax with
+        overlapped wgmmas.  Its key tiles are the ring's it, it + 1, ... (the items before used it); tc items came
+        before (Q's barrier phase); PERSIST: Q's buffer given back once the last S is done.
         DROPOUT: P's dropped scores set to 0 after its row sums (the softmax is the undropped one), the kept ones
         scaled by 1 / (1 - p) once, on O; the keep masks of tile j made while S_j is on the tensor cores.
         FP8: Q, K, V^T in e4m3 with one float32 scale per (batch, head); P rounded to e4m3 for P V (its row sums
@@ -281,7 +362,7 @@ if AVAILABLE:
         and to O."""
         q_smem, k_smem, v_smem, p_all = bufs
         p_smem = p_all.index(WG)
-        q_bar, k_ready, v_ready, kv_empty = bars
+        q_bar, k_ready, v_ready, kv_empty, q_empty = bars
         off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0 = coords
         Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, band, cap_in = sizes
         dtype: gl.constexpr = q_desc.dtype
@@ -314,9 +395,9 @@ if AVAILABLE:
         zero = gl.zeros([HALF, BLOCK_N], dtype=gl.float32, layout=mma)
         acc = gl.zeros([HALF, HEAD_DIM], dtype=gl.float32, layout=mma)
 
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        s_tok = warpgroup_mma(q_s, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero,
+        mbarrier.wait(q_bar, tc & 1)
+        mbarrier.wait(k_ready.index(it % STAGES), (it // STAGES) & 1)
+        s_tok = warpgroup_mma(q_s, k_smem.index(it % STAGES).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero,
                               use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok,))
         if SOFTCAP:                 # c tanh(s scale / c) in base 2: qk_scale is c log2(e), cap_in scale / c
@@ -329,12 +410,12 @@ if AVAILABLE:
         if DROPOUT:
             p = _dropped(p, _dropout_masks(drop, first_row, j0 * BLOCK_N), mma)
         for j in range(1, n_tiles):
-            st = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
+            st = (it + j) % STAGES
+            prev = (it + j - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), ((it + j) // STAGES) & 1)
             s_tok = warpgroup_mma(q_s, k_smem.index(st).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero,
                                   use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((it + j - 1) // STAGES) & 1)
             if FP8:   # an 8-bit register operand cannot be kept alive through the wait: P8 goes through shared memory
                 p_smem.store(p.to(dtype))
                 fence_async_shared()
@@ -364,8 +445,10 @@ if AVAILABLE:
                 acc, p16 = warpgroup_mma_wait(0, deps=(acc_tok, p16))
             mbarrier.arrive(kv_empty.index(prev), count=1)              # done with stage prev
             acc = acc * alpha[:, None]
-        last = (n_tiles - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+        if PERSIST:   # every S of this item is done: the producer may load the next item's Q
+            mbarrier.arrive(q_empty, count=1)
+        last = (it + n_tiles - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((it + n_tiles - 1) // STAGES) & 1)
         if FP8:
             p_smem.store(p.to(dtype))
             fence_async_shared()
@@ -393,6 +476,37 @@ if AVAILABLE:
                  lse, mask=row_ok)
 
     @gluon.jit
+    def _consumer_partition(q_desc, k_desc, v_desc, O, LSE, bufs, bars, work, strides, qk_scale, descale, drop_in,
+                            CAUSAL: gl.constexpr, FP8: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
+                            VARLEN: gl.constexpr, DROPOUT: gl.constexpr, PERSIST: gl.constexpr, WG: gl.constexpr):
+        """A consumer warpgroup: its rows of each work item (_consume_tile); PERSIST: items pid, pid + nprog, ...,
+        the ring's position carried from one to the next."""
+        BLOCK_M: gl.constexpr = 2 * bufs[0].type.shape[3]
+        BLOCK_N: gl.constexpr = bufs[1].type.shape[3]
+        seed_lo, seed_hi, p_drop = drop_in
+        s_ob, s_oh, s_om, s_lb, s_lh, s_lm, cap_in = strides
+        left = work[8]
+        right = work[9]
+        pid = work[0]
+        if PERSIST:
+            it = pid * 0
+            tc = pid * 0
+            for t in range(pid, _n_work(work, BLOCK_M), work[1]):
+                coords, Nq, Nk, bh = _tile(t, work, BLOCK_M, BLOCK_N, CAUSAL, BAND, VARLEN)
+                sizes = (Nq, Nk, s_ob, s_oh, s_om, s_lb, s_lh, s_lm, (left, right), cap_in)
+                drop = _dropout_scalars(seed_lo, seed_hi, p_drop, bh, DROPOUT)
+                _consume_tile(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
+                              it, tc, CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, PERSIST, WG)
+                it += coords[5]
+                tc += 1
+        else:
+            coords, Nq, Nk, bh = _tile(pid, work, BLOCK_M, BLOCK_N, CAUSAL, BAND, VARLEN)
+            sizes = (Nq, Nk, s_ob, s_oh, s_om, s_lb, s_lh, s_lm, (left, right), cap_in)
+            drop = _dropout_scalars(seed_lo, seed_hi, p_drop, bh, DROPOUT)
+            _consume_tile(q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
+                          0, 0, CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, PERSIST, WG)
+
+    @gluon.jit
     def _longest_first(pid, n_tiles, BH, GROUP):
         """A causal grid's program -> (rank, bh), rank 0 the tile with the most work.  The heads go in sections of
         GROUP; a section runs every head's rank-0 tile, then every rank 1, and so on: the longest-processing-time
@@ -410,11 +524,12 @@ if AVAILABLE:
                             stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm,
                             stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh,
                             H, KV_GROUP, Nq, Nk, qk_scale, GROUP, left, right, cap_in, CU_Q, CU_K,
-                            seed_lo, seed_hi, p_drop,
+                            seed_lo, seed_hi, p_drop, BH,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             FP8: gl.constexpr = False, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                            VARLEN: gl.constexpr = False, DROPOUT: gl.constexpr = False):
+                            VARLEN: gl.constexpr = False, DROPOUT: gl.constexpr = False,
+                            PERSIST: gl.constexpr = False):
         """One program: BLOCK_M query rows of one (batch, head); a 1-D grid of Q tiles x B * H, the tile index
         fastest (common.program_tile's order: programs launched together share K and V in L2); causal, the
         longest rows first over sections of GROUP heads (_longest_first).  K and V have H / KV_GROUP heads.
@@ -426,37 +541,13 @@ if AVAILABLE:
         VARLEN: packed sequences, Q, K, V seen as (1, H, total, D) (and O, LSE as (H, total)); sequence off_b's rows
         are CU_Q[off_b] ... CU_Q[off_b + 1] - 1 (keys: CU_K), Nq and Nk the longest lengths (the grid's); a program
         past its sequence's end runs one tile and stores nothing."""
-        n_m = gl.cdiv(Nq, BLOCK_M)
         pid = gl.program_id(0)
-        if CAUSAL:
-            rank, bh = _longest_first(pid, n_m, gl.num_programs(0) // n_m, GROUP)
-            start_m = n_m - 1 - rank                                     # the last Q tile sees the most keys
-        else:
-            start_m = pid % n_m
-            bh = pid // n_m
-        off_b = bh // H
-        off_h = bh % H
-        off_kv = off_h // KV_GROUP
-        row0 = start_m * BLOCK_M
-        q0 = 0
-        k0 = 0
-        if VARLEN:   # this sequence's rows of the packed tensors, and its lengths
-            q0 = gl.load(CU_Q + off_b)
-            Nq = gl.load(CU_Q + off_b + 1) - q0
-            k0 = gl.load(CU_K + off_b)
-            Nk = gl.load(CU_K + off_b + 1) - k0
-        hi = Nk
-        if CAUSAL:
-            hi = gl.minimum(row0 + BLOCK_M, Nk)
-        j0 = pid * 0                                                     # the first key tile (a tensor, as hi)
-        if BAND:   # the band of rows row0 ... row0 + BLOCK_M - 1: keys row0 - left ... row0 + BLOCK_M - 1 + right
-            hi = gl.minimum(row0 + BLOCK_M + right, Nk)
-            j0 = gl.maximum(gl.minimum(gl.maximum(row0 - left, 0) // BLOCK_N, gl.cdiv(Nk, BLOCK_N) - 1), 0)
-        n_tiles = gl.cdiv(hi, BLOCK_N) - j0
-        if VARLEN:   # past the sequence's end (no row to store): one tile, not all of them
-            n_tiles = gl.where(row0 < Nq, n_tiles, 1)
-        if BAND or VARLEN:   # rows that see no key still run one tile, all masked: O = 0, LSE = -inf
-            n_tiles = gl.maximum(n_tiles, 1)
+        if PERSIST:   # a grid of at most one program a multiprocessor, each running items pid, pid + nprog, ...
+            nprog = gl.num_programs(0)
+        else:         # one item a program
+            nprog = 1
+            BH = gl.num_programs(0) // gl.cdiv(Nq, BLOCK_M)
+        work = (pid, nprog, BH, H, KV_GROUP, Nq, Nk, GROUP, left, right, CU_Q, CU_K)
 
         dtype: gl.constexpr = q_desc.dtype
         q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
@@ -467,6 +558,11 @@ if AVAILABLE:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        if PERSIST:   # both consumers done with an item's Q (the producer waits on it before the next item's)
+            q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+            mbarrier.init(q_empty, count=2)
+        else:
+            q_empty = q_bar
         for s in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(s), count=1)
             mbarrier.init(v_ready.index(s), count=1)
@@ -479,21 +575,17 @@ if AVAILABLE:
         else:
             p_all = q_smem
         bufs = (q_smem, k_smem, v_smem, p_all)
-        bars = (q_bar, k_ready, v_ready, kv_empty)
-        if VARLEN:
-            coords = (0, off_h, off_kv, row0, j0, n_tiles, q0, k0)   # the packed tensors' one "batch"
-        else:
-            coords = (off_b, off_h, off_kv, row0, j0, n_tiles, q0, k0)
-        sizes = (Nq, Nk, stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, (left, right), cap_in)
+        bars = (q_bar, k_ready, v_ready, kv_empty, q_empty)
+        strides = (stride_ob, stride_oh, stride_om, stride_lb, stride_lh, stride_lm, cap_in)
         descale = (QS, KS, VS, stride_qsb, stride_qsh, stride_ksb, stride_ksh, stride_vsb, stride_vsh)
-        drop = _dropout_scalars(seed_lo, seed_hi, p_drop, bh, DROPOUT)
+        drop_in = (seed_lo, seed_hi, p_drop)
         gl.warp_specialize([
-            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
-                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, 0)),
-            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
-                                   CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, 1)),
-            (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, coords, sizes, qk_scale, descale, drop,
-                               CAUSAL, FP8, BAND, SOFTCAP, BAND or VARLEN, DROPOUT, 1)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, work, strides, qk_scale, descale,
+                                   drop_in, CAUSAL, FP8, BAND, SOFTCAP, VARLEN, DROPOUT, PERSIST, 0)),
+            (_consumer_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, work, strides, qk_scale, descale,
+                                   drop_in, CAUSAL, FP8, BAND, SOFTCAP, VARLEN, DROPOUT, PERSIST, 1)),
+            (_load_partition, (q_desc, k_desc, v_desc, O, LSE, bufs, bars, work, strides, qk_scale, descale, drop_in,
+                               CAUSAL, FP8, BAND, SOFTCAP, VARLEN, DROPOUT, PERSIST, 1)),
         ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -509,11 +601,11 @@ def config_lists(head_dim, dtype, limit, cc) -> dict:
 
 
 def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, band: bool = False,
-                 softcap: bool = False, varlen: bool = False, dropout: bool = False):
+                 softcap: bool = False, varlen: bool = False, dropout: bool = False, persist: bool = False):
     """Compile the kernel for sm_90 without a GPU (Triton's compiler and ptxas only): what a machine without a
     Hopper GPU can check of v6.  Needs compiled mode (``TRITON_INTERPRET=0``): Gluon has no interpreter.
     dtype "fp8e4nv": the FP8 kernel (e4m3 Q, K, V^T; O in bf16); band, softcap, varlen, dropout: the variants'
-    kernels."""
+    kernels; persist: on a persistent grid."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -527,7 +619,7 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 3, ban
     sig.update(O="*bf16" if fp8 else f"*{dtype}", LSE="*fp32", QS="*fp32", KS="*fp32", VS="*fp32", qk_scale="fp32",
                cap_in="fp32", CU_Q="*i32", CU_K="*i32", p_drop="fp32")
     consts = dict(CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-                  FP8=fp8, BAND=band, SOFTCAP=softcap, VARLEN=varlen, DROPOUT=dropout)
+                  FP8=fp8, BAND=band, SOFTCAP=softcap, VARLEN=varlen, DROPOUT=dropout, PERSIST=persist)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
@@ -593,6 +685,26 @@ def _int32(x: int) -> int:
     return x - (1 << 32) if x >= (1 << 31) else x
 
 
+# Which calls run on a persistent grid (PERSIST: one program a multiprocessor, each taking work items pid, pid + nprog,
+# ...): "band" (windows), "varlen" (packed sequences), "causal", "dense" (neither causal nor a band).  A persistent
+# program's producer loads the next item's Q and first K / V tiles while the consumers finish the last one, which
+# pays where items are short.
+# Measured (H200, bf16, D = 128, causal; docs/BENCHMARKS.md 2026-12-04): windows of 256 and 1024 keys 1.05-2.5x the
+# grid of one program a Q tile, 4096 as fast; causal attention 0.76-0.87x (a static share of the tiles loses the
+# hardware's longest-first hand-out) and packed documents 0.76-0.83x; non-causal 1.0-1.05x.  So windows only.
+PERSIST_FOR = frozenset({"band"})
+
+
+def persistent(plan, call) -> bool:
+    """Whether this call runs on a persistent grid (PERSIST_FOR)."""
+    kind = {"band"} if call.band else set()
+    if plan.variant.varlen:
+        kind.add("varlen")
+    if not kind:
+        kind.add("causal" if call.causal else "dense")
+    return bool(kind & PERSIST_FOR)
+
+
 def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
     """Three TMA descriptors over the whole (B, H, N, D) tensors (K, V: B, H / kv_groups, N, D), then one launch on
     a 1-D grid of Q tiles x B * H.  ``variant_args``: the soft-cap value, and a packed call's cu_q, cu_k (int32,
@@ -619,20 +731,25 @@ def launch(plan, q, k, v, o, lse, scale: float, runners=None, **variant_args):
         lse_strides = tuple(lse.stride())
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
     group = tiles.head_group(plan.B * plan.H, -(-plan.Nq // cfg.block_m), plan.facts.sms) if call.causal else 1
+    persist = persistent(plan, call)
     errors = []
     for cand in (cfg,) + tuple(step.fallbacks):     # 3 stages, then 2 if a GPU's shared memory is short
         try:
-            grid = tiles.grid_1d(-(-plan.Nq // cand.block_m), plan.B * plan.H)
+            n_work = -(-plan.Nq // cand.block_m) * plan.B * plan.H
+            grid = (min(n_work, plan.facts.sms),) if persist else tiles.grid_1d(-(-plan.Nq // cand.block_m),
+                                                                                 plan.B * plan.H)
             args = (_descriptor(q, cand.block_m // 2), _descriptor(k, cand.block_n), _descriptor(v, cand.block_n),
                     o, lse, lse, lse, lse, *o.stride()[:3], *lse_strides, 0, 0, 0, 0, 0, 0,
                     plan.H, plan.variant.kv_groups, plan.Nq, plan.Nk, call.qk_scale, group, call.left, call.right,
-                    call.cap_in, cu_q, cu_k, call.seed_lo, call.seed_hi, call.p_drop)
+                    call.cap_in, cu_q, cu_k, call.seed_lo, call.seed_hi, call.p_drop, plan.B * plan.H)
             consts = dict(CAUSAL=call.causal, BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, HEAD_DIM=plan.D,
                           STAGES=cand.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
-                          VARLEN=varlen, DROPOUT=call.dropout, num_warps=cand.num_warps, maxnreg=MAXNREG)
+                          VARLEN=varlen, DROPOUT=call.dropout, PERSIST=persist, num_warps=cand.num_warps,
+                          maxnreg=MAXNREG)
             # after the first launch, the compiled kernel's runner (runners: this plan's and these tensors' exact
             # specialisation): Triton's argument binding skipped, the host's time a call shorter
-            tiles.launch_cached(flash_fwd_kernel_v6, grid, args, consts, runners if cand is cfg else None, "fwd v6")
+            tiles.launch_cached(flash_fwd_kernel_v6, grid, args, consts, runners if cand is cfg else None,
+                                "fwd v6 persistent" if persist else "fwd v6")
             if cand != cfg or not step.verified:
                 step.fell_back(cand, errors)
             return
@@ -673,6 +790,6 @@ def launch_fp8(q8, k8, vt8, o, lse, scale: float, q_scale, k_scale, v_scale, cau
     flash_fwd_kernel_v6[grid](
         _descriptor(q8, 64), _descriptor(k8, 128), _descriptor(vt8, 128, 128), o, lse, q_scale, k_scale, v_scale,
         *o.stride()[:3], *lse.stride(), *q_scale.stride(), *k_scale.stride(), *v_scale.stride(),
-        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group, 0, 0, 1.0, lse, lse, 0, 0, 0.0,
+        H, H // k8.shape[1], Nq, Nk, scale * LOG2E, group, 0, 0, 1.0, lse, lse, 0, 0, 0.0, B * H,
         CAUSAL=causal, BLOCK_M=128, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
         FP8=True, num_warps=4, maxnreg=MAXNREG)

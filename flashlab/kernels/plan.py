@@ -87,6 +87,11 @@ ONE_PASS_MIN_ROWS = 1 << 16
 # Dropout in v6 (its Philox bits the same as v4 / v5's) measured 1.18-1.43x v4 / v5 with dropout
 # (scripts/dropout_v6_probe.py).
 V6_PLANNED = frozenset({"gqa", "softcap", "dropout", "varlen"})
+# Windows: forward v6 on a persistent grid (forward_v6.PERSIST_FOR; one program a multiprocessor taking Q tiles in
+# turn, the next tile's copies issued while the last one's products finish), which measured 1.2-1.3x forward v4 at a
+# window of 1024 and 1.7-2.1x at 256 (docs/BENCHMARKS.md, 2026-12-04); backward v6's window stays unplanned: as fast
+# as backward v5, which is deterministic.
+V6_PLANNED_FORWARD = V6_PLANNED | {"window"}
 
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
 
@@ -465,7 +470,8 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
 def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, deterministic: bool, variant: Variant,
                       rows) -> tuple:
     """The newest versions whose ``SUPPORTS`` covers the call's features.  Forward and backward v6 (GQA, windows,
-    soft-cap, dropout, packed sequences) for the features in V6_PLANNED (GQA, soft-cap, dropout, packed sequences) only,
+    soft-cap, dropout, packed sequences) for the features in V6_PLANNED_FORWARD (GQA, windows, soft-cap, dropout,
+    packed sequences) and V6_PLANNED (the same but windows) only,
     where the plain policy runs v6 (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM; the backward also
     not deterministic and not small); forward v4 and backward v5 otherwise (they implement every feature, run everywhere, and backward
     v5 is deterministic)."""
@@ -474,16 +480,17 @@ def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, determin
     not_v6 = v6_runs(dtype, head_dim, facts)
     if not_v6 is None and bucket is not None and bucket < V3_FROM:
         not_v6 = f"the length bucket is below {V3_FROM}"
-    if not_v6 is None and not feats <= V6_PLANNED:
-        not_v6 = (f"the plan runs it for {', '.join(sorted(V6_PLANNED))} only: its window branch measured no "
-                  "faster than v4 / v5 (short programs; docs/BENCHMARKS.md, 2026-12-03; force forward_version='v6' "
-                  "to run it)")
     chosen, reasons = {}, {}
     for d, table, word in (("fwd", FORWARD, "forward"), ("bwd", BACKWARD, "backward")):
         ok = [v for v, m in table.items() if v != FP8 and feats <= getattr(m, "SUPPORTS", frozenset())]
         if not ok:
             raise ValueError(f"no kernel version implements {names} yet ({word}: none)")
         why_not = not_v6
+        planned = V6_PLANNED_FORWARD if d == "fwd" else V6_PLANNED
+        if why_not is None and not feats <= planned:
+            why_not = (f"the plan runs it for {', '.join(sorted(planned))} only: its window branch measured no "
+                       "faster than backward v5, which is deterministic (docs/BENCHMARKS.md, 2026-12-03; force "
+                       "backward_version='v6' to run it)")
         if why_not is None and d == "bwd" and deterministic:
             why_not = "deterministic algorithms requested (its dQ adds arrive in any order)"
         elif why_not is None and d == "bwd" and rows is not None and rows < ONE_PASS_MIN_ROWS:
@@ -495,6 +502,8 @@ def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, determin
         if chosen[d] == "v6":
             reasons[d] = (f"variant features ({names}): {word} v6, which implements them as constexpr branches "
                           f"(Hopper sm_90, D = 128, length bucket >= {V3_FROM})")
+            if d == "fwd" and "window" in feats:
+                reasons[d] += "; a window's short programs on a persistent grid (one a multiprocessor)"
         else:
             reasons[d] = f"variant features ({names}): the newest {word} that implements them"
             if ok[-1] != chosen[d]:
