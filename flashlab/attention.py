@@ -298,8 +298,8 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     ``flash_attention(q, k, v, causal, scale, return_lse)`` (masks are tensors, so it is unambiguous).
 
     Packed sequences of different lengths: :func:`flashlab.flash_attention_varlen`.  The
-    variants run forward v4 / backward v5 (flashlab/variants.py); a plain call runs the
-    kernels tuned for it.
+    variants run forward v4 / backward v5, or v6 on an H100 / H200 at D = 128 for the ones it runs
+    (flashlab/variants.py, ``python -m flashlab plan``); a plain call runs the kernels tuned for it.
     """
     if isinstance(attn_mask, bool):   # the course's first order, flash_attention(q, k, v, causal, scale, return_lse)
         attn_mask, is_causal, return_lse = None, attn_mask, bool(return_lse or is_causal)

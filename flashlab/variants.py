@@ -162,7 +162,8 @@ def _check_mask(attn_mask, shape: tuple, q) -> None:
 
 def uses_variants(attn_mask=None, dropout_p=0.0, enable_gqa=False, window=None, softcap=None,
                   alibi_slopes=None, q=None, k=None) -> bool:
-    """True when a call needs forward v4 / backward v5 (the plain path stays the op's own)."""
+    """True when a call needs the variants' kernels (forward v4 / backward v5, or v6 where the plan runs it; the plain
+    path stays the op's own)."""
     heads_differ = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
                     and q.shape[1] != k.shape[1] and (enable_gqa or q.shape[1] % k.shape[1] == 0))
     return (attn_mask is not None or (dropout_p != 0.0) or window is not None or softcap is not None
@@ -263,7 +264,7 @@ def _plan(qp, kp, vp, mask, args, varlen: bool, B: int, H: int, Hk: int, max_q: 
     """The launch plan of a variant call (flashlab.kernels.plan): which kernels, tiles and grids run, and why.
 
     The band (left, right) is told to the plan as causal (right = 0, left unbounded) and / or a window; a
-    call with no feature at all (window=(-1, -1)) still runs forward v4 / backward v5, as every call here does."""
+    call with no feature at all (window=(-1, -1)) runs forward v4 / backward v5."""
     from .kernels import plan as P
     causal = right == 0
     window = None if (causal and left < 0) else _band(left, right)
@@ -323,9 +324,42 @@ def _forward(q, k, v, mask, slopes, cu_q, cu_k, max_q: int, max_k: int, left: in
     m = None if varlen else _expand_mask(mask, B, H, Nq, Nk)
     from . import kernels
     args = _variant_args(m, _slopes_view(slopes, B, H), cu_q, cu_k, softcap, dropout_p, seed)
-    p = _plan(qp, kp, vp, m, args, varlen, B, H, Hk, max_q, max_k, left, right, softcap, dropout_p, allow_tf32)
-    kernels.launch_forward(qp, kp, vp, o, lse, p.causal, scale, plan_=p, **args)
-    return o[..., :D].to(q.dtype), lse, seed
+    # The plan and the kernels' runners of this exact kind of call, made on its first call: planning (the Variant,
+    # the stride classes, the plan's key) and the runners' key cost the host more than the rest of a call together
+    # (a window's forward on a GPU machine took about 0.3 ms of host time a call, close to the kernel's 0.33 ms).
+    # The key holds what the plan and kernels._runners' key are made from: q, k, v's shapes, strides and
+    # alignment, the variant tensors' (o and lse are new, contiguous, shaped by these), the band, which features
+    # are on, the seed's width (the kernels' integer argument types), TF32, determinism.
+    key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, q.device,
+           (q.data_ptr() & 15) | (k.data_ptr() & 15) << 4 | (v.data_ptr() & 15) << 8, _meta(mask), _meta(slopes),
+           _meta(cu_q), _meta(cu_k), max_q, max_k, left, right, softcap > 0, dropout_p > 0,
+           not -2**31 <= seed < 2**31, allow_tf32, torch.are_deterministic_algorithms_enabled())
+    call = _FWD_CALLS.get(key)
+    if call is None:
+        p = _plan(qp, kp, vp, m, args, varlen, B, H, Hk, max_q, max_k, left, right, softcap, dropout_p, allow_tf32)
+        if len(_FWD_CALLS) >= MAX_CALLS:   # many kinds of call (ragged lengths): start over, not grow without bound
+            _FWD_CALLS.clear()
+        if _forget_calls not in kernels.plan.FORGET_HOOKS:   # plan.forget() (a forced version, a changed GPU)
+            kernels.plan.FORGET_HOOKS.append(_forget_calls)
+        call = _FWD_CALLS[key] = (p, kernels._runners(p, (qp, kp, vp, o, lse), args))
+    p, runners = call
+    kernels.launch_forward(qp, kp, vp, o, lse, p.causal, scale, plan_=p, runners=runners, **args)
+    if dk_ != D or cdt != q.dtype:
+        o = o[..., :D].to(q.dtype)
+    return o, lse, seed
+
+
+MAX_CALLS = 4096
+_FWD_CALLS: dict = {}   # exact kind of forward call (_forward's key) -> (plan, the kernels' runners)
+
+
+def _meta(t):
+    """What of an optional tensor argument decides the plan and the compiled kernels."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() & 15)
+
+
+def _forget_calls() -> None:
+    _FWD_CALLS.clear()
 
 
 def _backward(q, k, v, o, lse, do, mask, slopes, cu_q, cu_k, max_q: int, max_k: int, left: int, right: int,

@@ -8,7 +8,7 @@ choice, allocation, argument lists, autograd.  Triton's launch itself (on a GPU:
 or JITFunction.run) is not in it; ``python -m flashlab bench --overhead`` measures the whole call on a GPU.
 Prints CPU microseconds per call (``time.process_time``, the least of 7 repeats: on a shared machine wall
 clock measures the neighbours) at B 1, H 1, N 128, D 64, fp16 and bf16, forward without
-grad and forward + backward (torch.autograd.grad), causal and not.
+grad and forward + backward (torch.autograd.grad), causal and not; and a windowed forward through the variants' path.
 """
 import argparse
 import time
@@ -46,6 +46,11 @@ def main():
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
             both = per_call(lambda: torch.autograd.grad(f(qg, kg, vg, causal), (qg, kg, vg), do), args.calls // 4)
             print(f"{str(dtype).replace('torch.', ''):<10}{str(causal):<8}{fwd:>8.1f}{both:>12.1f}")
+    # a variant call (flashlab.variants' host code, forward v4's launcher here): a causal window, fp32 (no cast)
+    q, k, v = (torch.randn(1, 16, 1024, 128) for _ in range(3))
+    with torch.no_grad():
+        fwd = per_call(lambda: f(q, k, v, is_causal=True, window=(1023, 0)), args.calls // 4)
+    print(f"variant: window (1023, 0) causal, fp32, B 1, H 16, N 1024, D 128: forward {fwd:.1f} us")
 
 
 if __name__ == "__main__":

@@ -150,7 +150,7 @@ def _runners(p, tensors, variant_args=None) -> dict:
 
 def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: bool = False,
                    config: Config | None = None, version: str | None = None, plan_: Plan | None = None,
-                   variant: plan.Variant = plan.PLAIN, **variant_args):
+                   variant: plan.Variant = plan.PLAIN, runners: dict | None = None, **variant_args):
     """Write O into ``o`` (B, H, Nq, D) and the natural-log LSE into ``lse`` (B, H, Nq) float32.
 
     Every tensor may have any strides (views into larger buffers work).  ``version``: one of
@@ -159,12 +159,15 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, *, allow_tf32: b
     ``variant`` (:class:`flashlab.kernels.plan.Variant`) and ``variant_args`` (its tensors and
     numbers: a mask, a dropout seed, cumulative lengths) go to a version that implements them
     (forward v4: :func:`flashlab.kernels.forward_v4.launch`).  A packed (varlen) call takes its plan
-    from :func:`flashlab.kernels.plan.plan` (q is (total, H, D), not (B, H, N, D)).
+    from :func:`flashlab.kernels.plan.plan` (q is (total, H, D), not (B, H, N, D)).  ``runners``: the compiled
+    kernels' runners of this plan and exactly these tensors' specialisation, kept by a caller that has its own key
+    for them (flashlab.variants); otherwise looked up here.
     """
     p = plan_ or plan.plan_for(q, k, v, causal, allow_tf32=allow_tf32, extra=(o,), forward_version=version,
                                forward_config=config, variant=variant)
-    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, _runners(p, (q, k, v, o, lse), variant_args),
-                                  **variant_args)
+    if runners is None:
+        runners = _runners(p, (q, k, v, o, lse), variant_args)
+    FORWARD[p.fwd_version].launch(p, q, k, v, o, lse, scale, runners, **variant_args)
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, *,

@@ -75,12 +75,12 @@ ONE_PASS_BWD = ((64, None), (128, False))
 # N = 8192 and 16384; at N = 4096 (65,536 rows) each won one of two runs, whose host time drifted by half.
 ONE_PASS_MIN_ROWS = 1 << 16
 
-# The variant features the plan runs forward / backward v6 for (where v6 runs at all).  v6 also implements windows
-# as constexpr branches, which a caller may force (forward_version="v6"), but the plan keeps forward v4 / backward v5
-# for them: on the H200 (bf16, D = 128, docs/BENCHMARKS.md 2026-12-03, scripts/v6_variant_probe.py) v6's window
-# forward measured 0.62-1.23x v4 at 256-1024 keys from run to run (v4 the same in every run), its backward
-# 0.97-1.05x v5.  A v6 program spends about as long starting and ending as on a few key tiles, and fills a
-# multiprocessor's shared memory.  Packed sequences: forward v6 measured 1.06-1.32x v4 (8 documents of 2048 rows)
+# The variant features the plan runs backward v6 for (where v6 runs at all).  v6 also implements windows as
+# constexpr branches, which a caller may force (backward_version="v6"), but the plan keeps backward v5 for them: on the
+# H200 (bf16, D = 128, docs/BENCHMARKS.md 2026-12-03, scripts/v6_variant_probe.py) v6's window backward measured
+# 0.97-1.05x v5, which is deterministic.  (Its window forward, a program a Q tile, measured 0.62-1.23x v4 from run
+# to run then: a v6 program spends about as long starting and ending as on a few key tiles; on a persistent grid the
+# plan runs it, V6_PLANNED_FORWARD below.)  Packed sequences: forward v6 measured 1.06-1.32x v4 (8 documents of 2048 rows)
 # and 1.14-1.21x (2 of 8192), backward v6 1.03-1.05x and 1.06-1.08x v5 (docs/BENCHMARKS.md 2026-12-03, "packed
 # sequences in backward v6"); the spread at 2048 rows is not fully explained (a packed call's host time is close to
 # v6's GPU time there).
@@ -398,9 +398,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
 
     A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
     covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA, soft-cap, dropout and
-    packed sequences where the plain policy runs v6 (they implement windows too, but measured no faster there);
-    elsewhere, and for windows, ALiBi and masks, forward v4 and backward v5, whose hand-picked tiles are forward v2's
-    and backward v2's.
+    packed sequences where the plain policy runs v6, and forward v6 for windows (backward v6 implements them too, but
+    measured no faster than v5 there); elsewhere, and for ALiBi and masks (and a window's backward), forward v4 and
+    backward v5, whose hand-picked tiles are forward v2's and backward v2's.
 
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
     v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
@@ -699,11 +699,16 @@ def plan_for(q, k, v, causal: bool, *, allow_tf32: bool = False, extra=(), **kw)
                 layout=layout_of(q, k, v, *extra), **kw)
 
 
+FORGET_HOOKS: list = []   # what else forget() clears: caches of plans made elsewhere (flashlab.variants' calls)
+
+
 def forget() -> None:
     """Drop every cached plan, remembered config and autotuning choice (tests; a changed environment)."""
     _PLANS.clear()
     tiles.CHOSEN.clear()
     tiles.BEST.clear()
+    for hook in FORGET_HOOKS:
+        hook()
 
 
 __all__ = ["Plan", "Step", "Layout", "Variant", "PLAIN", "DeviceFacts", "plan", "plan_for", "device_facts",
