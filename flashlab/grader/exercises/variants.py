@@ -259,13 +259,16 @@ WINDOW_BUGS = [
         _wbug(_last_row_for_right)),
     Bug("no_masked_stage", "every visited tile run without the mask",
         "only K tiles that every row of the Q tile sees entirely may skip the mask; the tiles crossing the band's "
-        "edges (and a ragged last tile) must be masked, or keys outside the window enter the softmax: "
-        "full_lo = ceil((r0 + block_m - 1 - left) / block_n) * block_n, full_hi = floor(min(r0 + right + 1, nk) "
-        "/ block_n) * block_n, both clamped into [lo, hi].", _wbug(_all_unmasked)),
+        "edges (and a ragged last tile) must be masked, or keys outside the window enter the softmax. The left "
+        "edge of the unmasked run is set by the row whose band starts furthest right, the right edge by the row "
+        "whose band ends furthest left (and by nk); round each inward to a whole K tile, clamp both into [lo, hi].",
+        _wbug(_all_unmasked)),
     Bug("no_unmasked_stage", "every visited tile run with the mask",
         "this is correct but pays the mask on every tile: the middle stage [full_lo, full_hi) must be the widest "
-        "run of K tiles that every row sees entirely (full_lo = ceil((r0 + block_m - 1 - left) / block_n) * "
-        "block_n, full_hi = floor(min(r0 + right + 1, nk) / block_n) * block_n).", _wbug(_all_masked)),
+        "run of K tiles that every row sees entirely. Which row of the Q tile has the band that starts furthest "
+        "right, and which the band that ends furthest left? Their edges, rounded inward to whole K tiles, bound "
+        "the run.",
+        _wbug(_all_masked)),
     Bug("full_hi_rounded_up", "full_hi rounded UP to a whole K tile",
         "the unmasked stage may only hold tiles wholly inside the band: round min(r0 + right + 1, nk) DOWN "
         "(// block_n * block_n); rounding up lets the tile crossing the right edge (or the ragged end) run "
