@@ -19,6 +19,11 @@ def _bench(args):
     from . import device
     device.require_triton("python -m flashlab bench")
 
+    if args.variants:
+        from . import bench_variants
+        argv = ([] if args.variants == "all" else ["--only", args.variants]) + (["--json", args.json] if args.json
+                                                                                 else [])
+        return bench_variants.main(argv + (["--no-check"] if args.no_check else []))
     from . import bench
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     if args.overhead:
@@ -174,6 +179,11 @@ def main(argv=None) -> int:
                         "(fwd and fwd+bwd; default fp16 and bf16, non-causal)")
     p.add_argument("--overhead-shape", default="1,1,128,64", help="B,H,N,D for --overhead")
     p.add_argument("--calls", type=int, default=2000, help="back-to-back calls per repeat for --overhead")
+    p.add_argument("--variants", nargs="?", const="all", metavar="NAMES",
+                   help="the attention variants instead (GQA, window, packed documents, soft-cap, padding mask, "
+                        "dropout; a comma-separated subset, default all) beside FlexAttention and SDPA at notebook "
+                        "08's shapes, each checked against float64 first; the targets' table last")
+    p.add_argument("--no-check", action="store_true", help="with --variants: skip the float64 checks")
     p.set_defaults(func=_bench)
 
     from . import demo

@@ -8,4 +8,4 @@ set -u
 export PYTHONPATH=$PWD
 out=${1:-variants_speed.json}
 python -m flashlab env | grep -E "torch|triton|gpu|compute"
-FLASHLAB_AUTOTUNE=0 python scripts/bench_variants.py --json "$out"
+FLASHLAB_AUTOTUNE=0 python -m flashlab bench --variants --json "$out"

@@ -585,3 +585,21 @@ def test_autocast_as_sdpa(rng):
         torch.testing.assert_close(o, want, atol=0, rtol=0)
         o.float().sum().backward()
         assert qq.grad.dtype == torch.float32 and torch.isfinite(qq.grad).all()
+
+
+def test_bench_command_runs_the_variants_benchmark(monkeypatch, capsys):
+    """``python -m flashlab bench --variants`` is the variants' benchmark (flashlab/bench_variants.py): the names, the
+    JSON file and --no-check reach it; a wrong name or a machine without a CUDA GPU is told so (exit status 2)."""
+    from flashlab import __main__ as cli
+    from flashlab import bench_variants
+    real = bench_variants.main
+    seen = []
+    monkeypatch.setattr(bench_variants, "main", lambda argv=None: seen.append(argv) or 0)
+    assert cli.main(["bench", "--variants", "window,docs", "--json", "out.json", "--no-check"]) == 0
+    assert cli.main(["bench", "--variants"]) == 0
+    assert seen == [["--only", "window,docs", "--json", "out.json", "--no-check"], []]
+    assert real(["--only", "window,nope"]) == 2
+    assert "unknown variant nope" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert real(["--only", "window"]) == 2
+        assert "CUDA GPU" in capsys.readouterr().err
