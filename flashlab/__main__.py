@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-tma", action="store_true", help="strides that tensor descriptors cannot take")
     p.add_argument("--deterministic", action="store_true", help="as under torch.use_deterministic_algorithms")
     p.add_argument("--fp8", action="store_true", help="the FP8 forward (e4m3 Q, K, V; forward only; cc >= 8.9)")
-    v = p.add_argument_group("variants (forward v4 / backward v5)")
+    v = p.add_argument_group("variants (forward v4 / backward v5, or v6 where the plan runs it)")
     v.add_argument("--gqa", type=int, metavar="H_KV", help="grouped-query attention with H_KV K/V heads")
     v.add_argument("--window", metavar="L,R", help="sliding window (left, right), -1 unbounded, e.g. 1023,0")
     v.add_argument("--softcap", action="store_true", help="soft-capped scores (c * tanh(s / c))")

@@ -54,6 +54,7 @@ def test_plan_runs_windows_in_forward_v6_and_backward_v5_unless_forced(var):
     assert "persistent grid" in p.reasons["fwd"] and "measured no faster" in p.reasons["bwd"], p.reasons
     call = forward_v6.variant_scalars(p, 0.1)
     assert forward_v6.persistent(p, call)
+    assert p.forward[0].persistent == H200.sms and p.forward[0].grid == (H200.sms,)    # what `flashlab plan` shows
     forced = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200, backward_version="v6")
     assert forced.bwd_version == "v6"
 
@@ -69,6 +70,7 @@ def test_only_windows_run_on_a_persistent_grid(var, persistent):
         p = P.plan(2, 32, 8192, 8192, 128, bf16, causal, variant=var, facts=H200)
         assert p.fwd_version == "v6"
         assert forward_v6.persistent(p, forward_v6.variant_scalars(p, 0.1)) == persistent, (var, causal)
+        assert bool(p.forward[0].persistent) == persistent      # the plan says what the launch will do
 
 
 @needs_gluon

@@ -697,11 +697,16 @@ PERSIST_FOR = frozenset({"band"})
 
 def persistent(plan, call) -> bool:
     """Whether this call runs on a persistent grid (PERSIST_FOR)."""
-    kind = {"band"} if call.band else set()
-    if plan.variant.varlen:
+    return persistent_for(call.band, plan.variant.varlen, call.causal)
+
+
+def persistent_for(band: bool, varlen: bool, causal: bool) -> bool:
+    """The same from the call's kind: a band (window), packed sequences, causal (no band)."""
+    kind = {"band"} if band else set()
+    if varlen:
         kind.add("varlen")
     if not kind:
-        kind.add("causal" if call.causal else "dense")
+        kind.add("causal" if causal else "dense")
     return bool(kind & PERSIST_FOR)
 
 

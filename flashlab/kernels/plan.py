@@ -275,10 +275,12 @@ class Step:
     verified: bool = False        # the config compiled and ran (or was forced)
     history: list = field(default_factory=list)
     chosen_key: tuple | None = None   # where tiles.CHOSEN remembers the config that compiled (hand-picked steps)
+    persistent: int = 0           # a persistent grid of at most this many programs (the GPU's multiprocessors)
 
     def grid_for(self, cfg: Config) -> tuple:
         block = cfg.block_n if self.kind in ("dkdv", "bwd") else cfg.block_m
-        return tiles.grid_1d(-(-self.rows // block), self.bh)
+        grid = tiles.grid_1d(-(-self.rows // block), self.bh)
+        return (min(grid[0], self.persistent),) if self.persistent else grid
 
     @property
     def grid(self) -> tuple | None:
@@ -666,6 +668,10 @@ def _make(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, variant, fv, 
     f_mod = FORWARD[versions["fwd"]]
     fwd = _steps((("fwd", Nq, B * H),), versions["fwd"], p, facts, fcfg,
                  f_mod.config_lists(D, dtype, facts.shared_memory, facts.cc))
+    band = variant.window is not None
+    if versions["fwd"] == "v6" and forward_v6.persistent_for(band, variant.varlen, causal and not band):
+        fwd[0].persistent = facts.sms      # forward v6 decides the same at its launch (forward_v6.persistent)
+        fwd[0].reason += f"; a persistent grid: at most one program per multiprocessor ({facts.sms})"
     if versions["bwd"] == "none":   # the FP8 forward: inference only
         return Plan(B, H, Nq, Nk, D, dtype, causal, allow_tf32, layout, det, facts, variant, versions["fwd"],
                     versions["bwd"], reasons, fwd, (), bucket, prec, tma_reduce=False, spread=False)
