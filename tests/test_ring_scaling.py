@@ -42,7 +42,8 @@ def cpu_run(rs, tmp_path_factory):
 @on_cpu_processes
 def test_cpu_run_end_to_end(rs, cpu_run):
     rec, out, seconds = cpu_run
-    assert seconds < 60, f"the --cpu run took {seconds:.0f} s (sections: {rec['seconds']})"
+    # a budget, not a speed claim: about 33 s alone on 2 cores, 61 s beside another test worker (a CI run)
+    assert seconds < 120, f"the --cpu run took {seconds:.0f} s (sections: {rec['seconds']})"
     on_disk = json.loads(out.read_text())
     assert on_disk == json.loads(json.dumps(rec))
     assert rs.validate(on_disk) == [], rs.validate(on_disk)
