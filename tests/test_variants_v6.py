@@ -154,6 +154,14 @@ CASES = [
 ]
 
 
+def _inputs(label, B, H, Hk, Nq, Nk, dtype):
+    """q (B, H, Nq, 128), k, v (B, Hk, Nk, 128); q and k three times larger for a case labelled "large" logits."""
+    s = 3.0 if "large" in label else 1.0
+    q = (s * torch.randn(B, H, Nq, 128, device="cuda")).to(dtype)
+    k = (s * torch.randn(B, Hk, Nk, 128, device="cuda")).to(dtype)
+    return q, k, torch.randn(B, Hk, Nk, 128, device="cuda").to(dtype)
+
+
 def _force(monkeypatch, **versions):
     """Every plan made from here on runs these versions (windows and packed sequences: the plan's own choice is
     v4 / v5, and these tests are v6's)."""
@@ -170,11 +178,7 @@ def test_gpu_v6_variants_match_float64(case, monkeypatch):
     label, B, H, Hk, Nq, Nk, dtype, kw = case
     _force(monkeypatch, forward_version="v6", backward_version="v6")
     try:
-        s = 3.0 if "large" in label else 1.0
-        q = (s * torch.randn(B, H, Nq, 128, device="cuda")).to(dtype)
-        k = (s * torch.randn(B, Hk, Nk, 128, device="cuda")).to(dtype)
-        v = torch.randn(B, Hk, Nk, 128, device="cuda").to(dtype)
-        _check(q, k, v, label, **kw)
+        _check(*_inputs(label, B, H, Hk, Nq, Nk, dtype), label, **kw)
         ran = [(p.fwd_version, p.bwd_version) for p in P._PLANS.values() if p.variant.features()]
         assert ran and all(r == ("v6", "v6") for r in ran), ran
     finally:
@@ -205,11 +209,7 @@ def test_gpu_v6_persistent_grid_matches_float64(case, every_kind, monkeypatch):
         monkeypatch.setattr(forward_v6, "PERSIST_FOR", frozenset({"band", "varlen", "causal", "dense"}))
     _force(monkeypatch, forward_version="v6")
     try:
-        s = 3.0 if "large" in label else 1.0
-        q = (s * torch.randn(B, H, Nq, 128, device="cuda")).to(dtype)
-        k = (s * torch.randn(B, Hk, Nk, 128, device="cuda")).to(dtype)
-        v = torch.randn(B, Hk, Nk, 128, device="cuda").to(dtype)
-        _check(q, k, v, label, **kw)
+        _check(*_inputs(label, B, H, Hk, Nq, Nk, dtype), label, **kw)
         plans = [p for p in P._PLANS.values() if p.variant.features()]
         assert plans and all(p.fwd_version == "v6" for p in plans)
         assert all(forward_v6.persistent(p, forward_v6.variant_scalars(p, 0.1)) == (every_kind or "window" in kw)
