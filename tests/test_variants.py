@@ -603,3 +603,27 @@ def test_bench_command_runs_the_variants_benchmark(monkeypatch, capsys):
     if not torch.cuda.is_available():
         assert real(["--only", "window"]) == 2
         assert "CUDA GPU" in capsys.readouterr().err
+
+
+def test_a_kind_of_call_is_planned_once_and_forget_drops_it(monkeypatch):
+    """The variants' forward keeps each exact kind of call's plan and runners (flashlab.variants._FWD_CALLS): a second
+    call of the same kind does not plan again, another kind (other strides, another window) does, and plan.forget()
+    (how tests and scripts force versions) drops what was kept; the outputs stay right."""
+    from flashlab import variants
+    from flashlab.kernels import plan as P
+    P.forget()
+    made = []
+    real = variants._plan
+    monkeypatch.setattr(variants, "_plan", lambda *a, **kw: made.append(1) or real(*a, **kw))
+    q, k, v = (torch.randn(1, 2, 40, 16, device=DEV) for _ in range(3))
+    o1 = fa(q, k, v, is_causal=True, window=(7, 0))
+    o2 = fa(q, k, v, is_causal=True, window=(7, 0))
+    assert len(made) == 1 and torch.equal(o1, o2)
+    fa(q.transpose(2, 3).contiguous().transpose(2, 3), k, v, is_causal=True, window=(7, 0))   # other strides
+    fa(q, k, v, is_causal=True, window=(8, 0))                                               # another band
+    assert len(made) == 3
+    P.forget()
+    o3 = fa(q, k, v, is_causal=True, window=(7, 0))
+    assert len(made) == 4 and torch.equal(o1, o3)
+    ref = attention_variants_torch(*(t.double() for t in (q, k, v)), is_causal=True, window=(7, 0))[0]
+    assert (o1.double() - ref).abs().max() < 1e-4
