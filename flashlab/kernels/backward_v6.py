@@ -605,7 +605,10 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         return
     if varlen:   # (total, H, D) seen as (1, H, total, D); dK, dV written through (total_k, H_kv, D)'s strides
         delta = _delta_packed(plan, o, do, runners)
-        dq_acc = torch.zeros((1, plan.H, q.shape[0], plan.D), device=q.device, dtype=torch.float32)
+        # dQ's float32 buffer in dQ's own layout, so that the last scaling reads it in order: (1, H, total, D)
+        # made the scaling a strided copy (123 us against 66 on 8 documents of 2048, H 16; the kernel as fast)
+        dq_rows = torch.zeros((q.shape[0], plan.H, plan.D), device=q.device, dtype=torch.float32)
+        dq_acc = dq_rows.permute(1, 0, 2)[None]
         q, k, v, do = (t.permute(1, 0, 2)[None] for t in (q, k, v, do))
         lse_strides = (0, *lse.stride())
     else:
@@ -631,7 +634,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
                   KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, VARLEN=varlen, num_warps=cfg.num_warps,
                   maxnreg=MAXNREG)
     # dk_out, dv_out and dq_acc have strides of their own: the runner's key (the caller's tensors) does not hold
-    # them unless they are the caller's (dk_out is dk, dv_out dv) and dq_acc is contiguous (always)
+    # them unless they are the caller's (dk_out is dk, dv_out dv); dq_acc's follow from q's shape
     same = dk_out is dk and dv_out is dv
     tiles.launch_cached(flash_bwd_kernel_v6, grid, args, consts, runners if same else None, "bwd v6")
     if dk_out is not dk:
@@ -642,6 +645,6 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         step.fell_back(cfg, [])
     # dQ = scale * buffer (dropout: and Z's 1 / (1 - p), which the steps leave out)
     if varlen:
-        torch.mul(dq_acc[0].transpose(0, 1), scale / (1.0 - call.p_drop), out=dq)
+        torch.mul(dq_rows, scale / (1.0 - call.p_drop), out=dq)
     else:
         torch.mul(dq_acc, scale / (1.0 - call.p_drop), out=dq)
