@@ -44,8 +44,11 @@ in forward v6) measured as fast in backward v5, which is deterministic, and runs
 - BAND: only the Q tiles whose rows reach these keys (n0 - right ... n0 + 127 + left); the tiles that cross the
   band's two edges run in loops of their own with the mask, the inside without (three loops, as causal's two);
   a row that saw no key (LSE = -inf) is taken as LSE = +inf there, so its P = 0.
-- SOFTCAP: P from c tanh(S scale / c), and dS^T = P^T o (dP^T - D_i) o (1 - tanh^2); tanh stays in registers
-  through dP^T's wait (32 a thread, which spills: the soft-cap loop stores and loads ~60 values a tile).
+- SOFTCAP: P from c tanh(S scale / c), and dS^T = P^T o (1 - tanh^2) o (dP^T - D_i), the first product made while
+  dP^T is still on the tensor cores: it replaces P^T, so tanh (32 registers a thread) is not kept through dP^T's
+  wait beside it.  Kept there, the loop spilled (sm_90, triton 3.6: 1,114 instructions a tile, 58 local stores and
+  64 loads; now 1,058, 31 and 36) and the backward took 4.73 ms at B 2, H 16, N 8192, causal (now 3.79 ms;
+  docs/BENCHMARKS.md, 2026-12-04).
 - DROPOUT: forward v6's mask regenerated once (backward v5 draws it in both its kernels), S^T's keep masks made
   before the step's products are issued, into shared memory (1 KiB a consumer and step, two steps' worth), and read
   back where P^T and dP^T need them; Z's factor 1 / (1 - p) is applied to dK, dV and dQ once, at the end.  Made
@@ -277,14 +280,13 @@ if AVAILABLE:
             else:
                 p16 = gl.convert_layout(p_t.to(dtype), a_op)
             dv_tok = warpgroup_mma(p16, do_s, dv, is_async=True)             # dV_w += P^T dO_i
+            if SOFTCAP:   # dS^T's factors but dP^T - D_i now, P^T o (1 - t^2): t is not kept through dP^T's wait
+                p_t = p_t * (1.0 - t * t)
             dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))                   # dP^T done; dV in flight
             if DROPOUT:   # dS^T (1 - p) = P^T o (dP^T o keep - D_i (1 - p))
                 dp_t = _kept_t(dp_t, mbuf.load(_DROP_MASKS_T), mma_s)
                 delta = delta * (1.0 / drop[3])
-            if SOFTCAP:                                                    # d(c tanh(x / c)) / dx = 1 - tanh^2
-                ds16 = (p_t * (dp_t - delta[None, :]) * (1.0 - t * t)).to(dtype)
-            else:
-                ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)             # dS^T
+            ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)                 # dS^T (soft-cap: o (1 - t^2) above)
 
             mbarrier.wait(ds_free.index(b), phb ^ 1)                       # both read this buffer 2 tiles ago
             ds_smem.index(b).slice(WG * HALF, HALF, dim=0).store(ds16)
