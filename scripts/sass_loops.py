@@ -6,9 +6,9 @@
 
 Compiles the kernel for sm_90 without a GPU (Triton's compiler and ptxas; the cuobjdump Triton ships reads the cubin),
 finds its loops (a branch back to an earlier address) that hold tensor-core instructions (HGMMA) and no such loop
-inside them, and prints each: its address, instructions, STL and LDL.  Each consumer warpgroup has its own copy of a
-loop, so a kernel with a masked and an unmasked loop prints four (and the epilogue's or the producer's loops are not
-printed: they have no HGMMA).  docs/BENCHMARKS.md quotes these counts with the Triton version they came from.
+inside them, and prints each: its address, instructions, STL and LDL.  The compiler may give each consumer warpgroup
+its own copy of a loop (backward v6 with a masked and an unmasked loop prints four); the epilogue's and the producer's
+loops are not printed (they have no HGMMA).  docs/BENCHMARKS.md quotes these counts with the Triton version they came from.
 """
 import argparse
 import os
