@@ -71,7 +71,8 @@ def check_inputs(q, k, v, scale=None) -> None:
                          f"(16, 32, 64, 128 are the fast paths)")
     if Nq == 0 or k.shape[2] == 0 or B == 0 or H == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if scale is not None and (isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale)
+                                                               and scale > 0)):
         raise ValueError(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
 
 
@@ -200,6 +201,8 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if torch.is_grad_enabled():        # create_graph=True: an error, not a silently wrong second derivative
+            variants.refuse_double_backward()
         if do is None:                     # no gradient reached o (only possible without materialized grads)
             return None, None, None, None, None
         q, k, v, o, lse = ctx.saved_tensors
@@ -237,6 +240,8 @@ def _autocast(q, k, v):
 def _attention(q, k, v, causal, scale, allow_tf32):
     """flash_attention's work between its arguments and the kernels: validation (once per kind of input),
     autocast, the default scale, autograd.  Returns (o, lse)."""
+    if _functorch_active():
+        variants.refuse_functorch(q, k, v)
     if torch.compiler.is_compiling():  # one opaque custom op for the compiler (flashlab/op.py): no graph break
         check_inputs(q, k, v, scale)   # (autocast: the op's own autocast rule, flashlab/op.py)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -270,15 +275,18 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     Args:
         query: (B, H, Nq, D); key, value: (B, H_kv, Nk, D).  fp16, bf16 or fp32, on CUDA
             (compiled Triton) or on the CPU (Triton interpreter).  Any strides.
-        attn_mask: bool (True = attend, SDPA's meaning) or float (added to the scaled scores),
-            broadcastable to (B, H, Nq, Nk); read tile by tile, never copied; no gradient.
+        attn_mask: bool (True = attend, SDPA's meaning) or float (added to the scaled scores; values below
+            -1e37, such as torch.finfo(float32).min, count as -1e37, so a row masked by them alone averages V as
+            in SDPA, while -inf hides a key), broadcastable to (B, H, Nq, Nk); read tile by tile, never copied;
+            no gradient.
         dropout_p: probability of dropping an attention weight (Philox in the kernel, one random
             byte per weight, so p is applied rounded to 1/256ths: ``flashlab.reference.dropout_rate``;
             the backward regenerates the mask; kept weights scaled by 1 / (1 - that rate)).
         is_causal: top-left causal mask, query i sees keys j <= i.  ``causal=`` is an alias.
         scale: softmax scale, default 1/sqrt(D).
         enable_gqa: allow H_kv < H (grouped-query / multi-query), H % H_kv == 0.
-        window: (left, right): query i sees keys i - left ... i + right; -1 unbounded.
+        window: (left, right): query i sees keys i - left ... i + right; -1 unbounded (so is a bound past
+            every key, e.g. 2**31 - 1).
         softcap: s -> softcap * tanh(s / softcap), after scaling (Gemma 2: 50.0 / 30.0).
         alibi_slopes: (H,) or (B, H): s -= slope * |i - j|.
         seed: dropout's seed; None draws one from torch's generator (``torch.manual_seed``).
@@ -292,7 +300,9 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
     Returns:
         o (B, H, Nq, D) in the dtype of query (under ``torch.autocast``: the autocast dtype), or
-        (o, lse).  ``o`` is differentiable with respect to query, key and value; lse is not.
+        (o, lse).  ``o`` is differentiable with respect to query, key and value (once: a second derivative,
+        ``create_graph=True``, raises, as SDPA's flash kernels do); lse is not.  torch.func's transforms (grad,
+        vmap) raise a NotImplementedError; torch.autograd and torch.compile are the ways in.
 
     A Python bool in ``attn_mask``'s place is read as the course's first positional order,
     ``flash_attention(q, k, v, causal, scale, return_lse)`` (masks are tensors, so it is unambiguous).
@@ -321,7 +331,7 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
                                   return_lse=return_lse, allow_tf32=allow_tf32)
     if is_causal is not True and is_causal is not False:
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be an int or None, got {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError(f"seed must be an int in [0, 2**63) or None (drawn from torch's generator), got {seed!r}")
     o, lse = _attention(query, key, value, is_causal, scale, allow_tf32)
     return (o, lse) if return_lse else o

@@ -283,7 +283,8 @@ def _make_plan(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale
     B, H, Nq, D, H_kv, capacity, page = _check(q, k_cache, v_cache, cache_seqlens, block_table,
                                                scale, softcap, window, num_splits)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    # bounds past 2**30 (positions never reach them) as 2**30: near 2**31 they would wrap the kernel's int32 sums
+    left, right = (-1, -1) if window is None else (min(int(window[0]), 1 << 30), min(int(window[1]), 1 << 30))
     if is_causal:
         right = 0 if right < 0 else min(right, 0)
     upcast = q.dtype == torch.bfloat16 and device.INTERPRET     # the interpreter's bf16 tl.dot is wrong

@@ -437,6 +437,8 @@ class _VariantAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if torch.is_grad_enabled():        # create_graph=True
+            refuse_double_backward()
         if do is None:
             return (None,) * 16
         q, k, v, o, lse, mask, slopes, cu_q, cu_k = ctx.saved_tensors
@@ -535,6 +537,8 @@ def _autocast(q, k, v):
 
 
 def _run(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, dropout_p, seed, scale, allow_tf32):
+    if torch._C._are_functorch_transforms_active():
+        refuse_functorch(q, k, v, mask, slopes)
     if not torch.compiler.is_compiling():      # compiled: the operator's autocast rule above
         q, k, v = _autocast(q, k, v)
     args = (q, k, v, mask, slopes, cu_q, cu_k, int(max_q), int(max_k), left, right, float(softcap or 0.0),
@@ -545,6 +549,24 @@ def _run(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, 
         o, lse = _VariantAttention.apply(*args)
     return o, lse
 
+
+def refuse_functorch(*tensors) -> None:
+    """A clear error under torch.func's transforms (grad, vmap, jacrev, ...) of these tensors: the kernels take
+    real tensors and autograd.Function's eager path, which those transforms do not give them."""
+    if any(isinstance(t, torch.Tensor) and torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+        raise NotImplementedError(
+            "flashlab's attention does not run under torch.func transforms (grad, vmap, jacrev, functional_call's "
+            "grads): use torch.autograd.grad / .backward() for gradients, and a loop or a batch dimension for vmap")
+
+
+
+
+def refuse_double_backward() -> None:
+    """The backward under create_graph=True: the kernels' gradients carry no graph, so a second derivative through
+    them would be silently wrong (treated as a constant); SDPA's flash and efficient kernels refuse it too."""
+    raise RuntimeError("flashlab's attention has no second derivative: its backward runs kernels autograd cannot "
+                       "differentiate (create_graph=True, e.g. a gradient penalty); use torch.nn.functional."
+                       "scaled_dot_product_attention's math backend (sdpa_kernel(SDPBackend.MATH)) there")
 
 # ----------------------------------------------------------------------------------------- public entry points
 
@@ -613,6 +635,8 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     for name, mx in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(mx, bool) or not isinstance(mx, int) or mx < 1:
             raise ValueError(f"{name} must be a positive int (the longest sequence), got {mx!r}")
+    # the kernels read cu_seqlens[b] at b (a strided view such as cu[::2] read the wrong entries)
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     H = q.shape[1]
     _check_heads(H, k.shape[1], bool(enable_gqa))
     left, right = _check_scalars(dropout_p, scale, window, softcap, seed, is_causal)

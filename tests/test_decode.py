@@ -157,6 +157,15 @@ def test_windows(rng, window, causal, paged):
         _check(q, k, v, lens, **kw)
 
 
+@pytest.mark.parametrize("window", [(2**31 - 1, -1), (5, 2**31 - 1), (2**31 - 1, 2**31 - 1)])
+def test_window_bounds_near_int32_max(rng, window):
+    """A bound near 2**31 (INT32_MAX as "unbounded") is one past every key, not a wrap of the kernel's int32 sums."""
+    gen = _gen(rng)
+    B, H, H_kv, Nq, N, D = 2, 2, 1, 3, 40, 16
+    q, k, v = _rand((B, H, Nq, D), torch.float32), _rand((B, H_kv, N, D), torch.float32), _rand((B, H_kv, N, D), torch.float32)
+    _check(q, k, v, _lens(B, N, gen), window=window, num_splits=2, label=f"window {window}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_softcap_and_large_logits(rng, dtype):
     gen = _gen(rng)

@@ -435,6 +435,9 @@ BAD = [
     (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), dropout_p=0.1, seed=-3), ValueError, "seed"),
     (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), is_causal=True, causal=False), ValueError,
      "alias"),
+    # the plain path (no variant) checks scale and seed as the variants' path does
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), scale=True), ValueError, "scale"),
+    (lambda: fa(_q(1, 2, 8, 16), _q(1, 2, 8, 16), _q(1, 2, 8, 16), is_causal=True, seed=-5), ValueError, "seed"),
 ]
 
 
@@ -627,3 +630,65 @@ def test_a_kind_of_call_is_planned_once_and_forget_drops_it(monkeypatch):
     assert len(made) == 4 and torch.equal(o1, o3)
     ref = attention_variants_torch(*(t.double() for t in (q, k, v)), is_causal=True, window=(7, 0))[0]
     assert (o1.double() - ref).abs().max() < 1e-4
+
+
+# ----------------------------------------------------------------------------------------- edges a user meets
+
+
+def test_additive_mask_of_finfo_min_is_masked_not_a_row_without_keys(rng):
+    """HF's additive mask value, torch.finfo(float32).min: scores plus it times log2(e) overflowed to -inf, so a row
+    masked by it alone read as seeing no key (O = 0).  SDPA (and float64) give that row V's plain average; the
+    rows around it are masked as -inf would mask them."""
+    q, k, v = (_rand(1, 2, 24, 16) for _ in range(3))
+    m = torch.zeros(24, 24, device=DEV)
+    m[3] = torch.finfo(torch.float32).min                           # the whole row
+    m[7, 5:] = torch.finfo(torch.float32).min                       # part of a row
+    o = fa(q, k, v, attn_mask=m)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=m.double())
+    torch.testing.assert_close(o.double(), ref, atol=2e-5, rtol=0)
+    torch.testing.assert_close(o[:, :, 3].double(), v.double().mean(dim=2), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window", [(5, 2**31 - 1), (-1, 2**31 - 1), (2**31 - 1, 0), (2**31 - 1, 2**40)])
+def test_window_bounds_near_int32_max_mean_unbounded(rng, window):
+    """A bound past every key (INT32_MAX is a common "unbounded") is the same window as -1: near 2**31 it wrapped
+    the kernels' int32 tile arithmetic (forward and backward silently wrong)."""
+    q, k, v = (_rand(1, 1, 40, 16) for _ in range(3))
+    _check(q, k, v, f"window {window}", window=window)
+    same = tuple(-1 if x > 100 else x for x in window)
+    torch.testing.assert_close(fa(q, k, v, window=window), fa(q, k, v, window=same), atol=0, rtol=0)
+
+
+def test_varlen_takes_strided_cu_seqlens(rng):
+    """cu_seqlens as a strided view (cu[::2]): the kernels read entry b at offset b, so it is made contiguous."""
+    q, k, v = (_rand(37, 2, 16).requires_grad_() for _ in range(3))
+    strided = torch.tensor([0, 99, 5, 99, 30, 99, 37], dtype=torch.int32, device=DEV)[::2]
+    dense = strided.contiguous()
+    o1 = flashlab.flash_attention_varlen(q, k, v, strided, strided, 25, 25, is_causal=True)
+    g1 = torch.autograd.grad(o1.sum(), (q, k, v))
+    o2 = flashlab.flash_attention_varlen(q, k, v, dense, dense, 25, 25, is_causal=True)
+    g2 = torch.autograd.grad(o2.sum(), (q, k, v))
+    for a, b in zip((o1, *g1), (o2, *g2)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("kw", [dict(is_causal=True), dict(window=(3, 3))])
+def test_second_derivative_is_refused_not_wrong(kw):
+    """create_graph=True (a gradient penalty): the kernels' gradients carry no graph, so a second derivative would be
+    a silently wrong number; it is an error, as with SDPA's flash kernels.  First-order gradients stay as they were."""
+    q, k, v = (_rand(1, 2, 16, 16).requires_grad_() for _ in range(3))
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad(fa(q, k, v, **kw).pow(2).sum(), q, create_graph=True)
+    g, = torch.autograd.grad(fa(q, k, v, **kw).pow(2).sum(), q)
+    assert torch.isfinite(g).all()
+
+
+@pytest.mark.parametrize("kw", [dict(is_causal=True), dict(window=(3, 3))])
+def test_torch_func_transforms_are_refused_clearly(kw):
+    """torch.func.grad / vmap wrap the tensors, which the kernels cannot take: a NotImplementedError that says what
+    to use instead, not a storage error from deep inside."""
+    q, k, v = (_rand(1, 2, 16, 16) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.grad(lambda x: fa(x, k, v, **kw).sum())(q)
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.vmap(lambda x: fa(x, k, v, **kw))(q[None].expand(3, -1, -1, -1, -1))

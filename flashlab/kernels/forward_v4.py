@@ -127,8 +127,9 @@ def variant_scores(s, rows, cols, Nq, Nk, sm_scale, softcap, left, right, slope,
         if MASK_KIND != 0:
             inb = (rows < Nq) & (cols < Nk)
             m_ptrs = mask_base + rows.to(tl.int64) * stride_mm + cols.to(tl.int64) * stride_mn
-        if MASK_KIND == 2:
-            x = x + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32)
+        if MASK_KIND == 2:   # a finite mask below -1e37 (finfo.min, HF's "masked") as -1e37: finite through x log2(e)
+            m = tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32)
+            x = x + tl.where(m == float("-inf"), m, tl.maximum(m, -1e37))
         x = x * LOG2E_K
     else:
         x = s * (sm_scale * LOG2E_K)                                   # v2's one multiply
@@ -352,7 +353,8 @@ def variant_arguments(plan, q, lse, mask=None, slopes=None, cu_q=None, cu_k=None
     varlen = var.varlen
     band = var.band(plan.causal)
     big = plan.Nq + plan.Nk + 256
-    left, right = (big, big) if band is None else (big if band[0] < 0 else band[0], big if band[1] < 0 else band[1])
+    # -1 and anything past every key are ``big``: a bound near 2**31 would wrap the kernels' int32 tile arithmetic
+    left, right = (big, big) if band is None else tuple(big if x < 0 else min(x, big) for x in band)
     if mask is None:
         kind, mptr, mstr = MASK_NONE, q, (0, 0, 0, 0)
     else:

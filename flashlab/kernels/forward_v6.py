@@ -668,7 +668,7 @@ def variant_scalars(plan, scale: float, softcap=None, dropout_p: float = 0.0, se
     var = plan.variant
     band = var.band(plan.causal) if var.window is not None else None
     big = plan.Nq + plan.Nk + 256
-    left, right = (0, 0) if band is None else tuple(big if x < 0 else x for x in band)
+    left, right = (0, 0) if band is None else tuple(big if x < 0 else min(x, big) for x in band)   # int32-safe
     qk, cap_in = (scale * LOG2E, 1.0) if softcap is None else (float(softcap) * LOG2E, scale / float(softcap))
     drop = dropout_p > 0
     seed = int(seed) if drop else 0
