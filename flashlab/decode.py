@@ -54,7 +54,7 @@ def _next_pow2(n: int) -> int:
 
 # ------------------------------------------------------------------------------------------------ checks
 
-def _check(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, window, num_splits):
+def _check(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, window, num_splits, is_causal=False):
     """Raise a ValueError/TypeError naming the argument and the fix; return the problem's sizes."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -124,10 +124,14 @@ def _check(q, k_cache, v_cache, cache_seqlens, block_table, scale, softcap, wind
         if cache_seqlens.device != q.device:
             raise ValueError(f"cache_seqlens is on {cache_seqlens.device} but q on {q.device}; "
                              f"move it with .to(q.device)")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if scale is not None and (isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale)
+                                                               and scale > 0)):
         raise ValueError(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
-    if softcap is not None and not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap > 0):
+    if softcap is not None and (isinstance(softcap, bool) or not (isinstance(softcap, (int, float))
+                                                                  and math.isfinite(softcap) and softcap > 0)):
         raise ValueError(f"softcap must be a positive finite number or None (no capping), got {softcap!r}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if window is not None:
         ok = (isinstance(window, (tuple, list)) and len(window) == 2
               and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window))
@@ -257,6 +261,10 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, *, block_table=None, i
 _PLANS: dict = {}   # launch plans by everything the checks and the tiling depend on (shapes, dtypes, options)
 
 
+def _typed(x):
+    return type(x), x
+
+
 def _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, softcap, window, num_splits,
               return_lse, config):
     """The cache key of a call, or None when an argument is not what a plan can describe (the checks say why)."""
@@ -271,7 +279,10 @@ def _plan_key(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale,
                 v_cache.device,
                 None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device),
                 None if block_table is None else (block_table.shape, block_table.dtype, block_table.device),
-                bool(is_causal), scale, softcap, None if window is None else tuple(window), num_splits,
+                # each option with its type: True == 1 == 1.0 hash alike, and a plan made for 1 would skip the
+                # checks that refuse True
+                _typed(is_causal), _typed(scale), _typed(softcap),
+                None if window is None else (type(window), *map(_typed, window)), _typed(num_splits),
                 bool(return_lse), None if config is None else tuple(sorted(config.items())))
     except TypeError:   # an unhashable option (a list window, say): no cache, the checks still run
         return None
@@ -281,7 +292,7 @@ def _make_plan(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale
                return_lse, config):
     """Check the call's shapes and options, then work out everything the launches need but the tensors' addresses."""
     B, H, Nq, D, H_kv, capacity, page = _check(q, k_cache, v_cache, cache_seqlens, block_table,
-                                               scale, softcap, window, num_splits)
+                                               scale, softcap, window, num_splits, is_causal)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     # bounds past 2**30 (positions never reach them) as 2**30: near 2**31 they would wrap the kernel's int32 sums
     left, right = (-1, -1) if window is None else (min(int(window[0]), 1 << 30), min(int(window[1]), 1 << 30))
@@ -357,7 +368,8 @@ def _decode(q, k_cache, v_cache, cache_seqlens, block_table, is_causal, scale, s
 
     paged = block_table is not None
     bt = block_table if paged else o                  # any tensor: not read when not paged
-    seq = cache_seqlens if cache_seqlens is not None else o
+    # the kernel reads entry b at offset b: a strided view (lens[:, 0]) is copied (contiguous() is free otherwise)
+    seq = cache_seqlens.contiguous() if cache_seqlens is not None else o
     bts = block_table.stride() if paged else (0, 0)
     ptrs = (q, k_cache, v_cache, bt, seq, o if S == 1 else ws, lse if S == 1 else ws)
     strides = (*q.stride(), *k_cache.stride(), *v_cache.stride(), *bts)

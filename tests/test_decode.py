@@ -157,6 +157,41 @@ def test_windows(rng, window, causal, paged):
         _check(q, k, v, lens, **kw)
 
 
+def test_strided_cache_seqlens():
+    """cache_seqlens as a strided view (lens[:, 0]) is read entry by entry, not at the kernel's offsets (it read
+    entry 1 of the storage, 99, for sequence 1)."""
+    q, k, v = _rand((2, 2, 1, 16), torch.float32), _rand((2, 1, 40, 16), torch.float32), _rand((2, 1, 40, 16), torch.float32)
+    lens = torch.tensor([[5, 99], [20, 99]], dtype=torch.int32, device=DEV)[:, 0]
+    _check(q, k, v, lens, num_splits=1, label="strided cache_seqlens")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (4.4 GB of cache; the interpreter too slow)")
+def test_gpu_cache_rows_past_int32_offsets():
+    """A cache whose rows lie 2**22 elements apart (a (B, N, H_kv, D) cache seen transposed, at scale): row 520 x
+    2**22 passes 2**31, so the rows are addressed in int64 (int32 offsets read outside the cache)."""
+    N, step = 530, 2**22
+    store = torch.zeros(N * step, device=DEV, dtype=torch.float16)
+    store.view(N, step)[:, :16] = _rand((N, 16), torch.float16)
+    kv = store.as_strided((1, 1, N, 16), (0, 0, step, 1))
+    _check(_rand((1, 2, 1, 16), torch.float16), kv, kv, None, num_splits=1, label="rows 2**22 apart")
+    del store, kv
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("call,words", [
+    (dict(scale=True), "scale"), (dict(softcap=True), "softcap"), (dict(is_causal="no"), "bool")])
+def test_options_refused_whatever_was_cached(call, words):
+    """A plan is kept per kind of call; True == 1 == 1.0 hash alike, so the key holds each option's type too: a
+    call with num_splits=1 or window=(1, 0) cached does not let True or 1.0 past the checks."""
+    q, k = torch.randn(1, 1, 1, 16, device=DEV), torch.randn(1, 1, 16, 16, device=DEV)
+    flash_decode(q, k, k, num_splits=1)
+    flash_decode(q, k, k, window=(1, 0))
+    for bad in (dict(num_splits=True), dict(window=(True, 0)), dict(window=(1.0, 0)), call):
+        with pytest.raises((ValueError, TypeError), match=words if bad is call else "num_splits|window"):
+            flash_decode(q, k, k, **bad)
+
+
 @pytest.mark.parametrize("window", [(2**31 - 1, -1), (5, 2**31 - 1), (2**31 - 1, 2**31 - 1)])
 def test_window_bounds_near_int32_max(rng, window):
     """A bound near 2**31 (INT32_MAX as "unbounded") is one past every key, not a wrap of the kernel's int32 sums."""

@@ -136,6 +136,25 @@ def test_merge_matches_numpy_merge_and_whole_attention():
     assert torch.equal(l3, lse) and torch.allclose(o3, o, equal_nan=False)
 
 
+def test_merge_at_large_lse_and_an_unseen_running_state():
+    """Weights against the larger LSE, divided by their sum: weighed against the merged LSE, its float32 rounding
+    scaled O (two equal parts at LSE 1e8 gave 3, not 1.5).  A running state that saw nothing (LSE -inf) has its O
+    ignored, NaN or not, in either argument order."""
+    one, two = torch.ones(1, 2), 2 * torch.ones(1, 2)
+    for big in (1e8, 5e4, -5e4):
+        o, lse = merge_attention(one, torch.tensor([big]), two, torch.tensor([big]))
+        torch.testing.assert_close(o, 1.5 * one, atol=1e-6, rtol=0)
+        want = torch.tensor([big], dtype=torch.float64) + math.log(2)
+        torch.testing.assert_close(lse.double(), want, atol=abs(big) * 1e-7 + 1e-6, rtol=0)
+    nan, seen = torch.full((1, 2), float("nan")), torch.tensor([[1.0, 2.0]])
+    for args in ((nan, torch.tensor([-math.inf]), seen, torch.tensor([0.3])),
+                 (seen, torch.tensor([0.3]), nan, torch.tensor([-math.inf]))):
+        o, lse = merge_attention(*args)
+        assert torch.equal(o, seen) and torch.equal(lse, torch.tensor([0.3]))
+    o, lse = merge_attention(nan, torch.tensor([-math.inf]), nan, torch.tensor([-math.inf]))
+    assert torch.equal(o, torch.zeros(1, 2)) and torch.isneginf(lse).all()
+
+
 @pytest.mark.parametrize("part_dtype", [torch.float32, torch.float16])
 def test_fused_merge_kernel_matches_the_elementwise_merge(part_dtype):
     """The ring's one-pass merge kernel (what it runs on a GPU) against ``merge_attention``: rows of
@@ -290,6 +309,19 @@ def _errors_on_rank(rank, world):
     except ValueError as e:
         if "same shape" not in str(e) or "rank 1: (B, H, n, D) = (1, 2, 6, 16)" not in str(e):
             said.append(f"'same shape' not in {e}")
+    try:
+        ring_attention(x[:, :, :4], x[:, :, :4], x[:, :, :4], is_causal="no")
+        said.append("no error for is_causal='no'")
+    except TypeError as e:
+        if "bool" not in str(e):
+            said.append(f"'bool' not in {e}")
+    w = torch.randn(1, 2, 4, 16, requires_grad=True)        # a second derivative: refused, not silently wrong
+    try:
+        torch.autograd.grad(ring_attention(w, w, w, is_causal=True).pow(2).sum(), w, create_graph=True)
+        said.append("no error for create_graph=True")
+    except RuntimeError as e:
+        if "no second derivative" not in str(e):
+            said.append(f"'no second derivative' not in {e}")
     y = torch.randn(1, 2, 4, 16)
     out = ring_attention(y, y, y, causal=True)              # the alias; no LSE unless asked
     if not (isinstance(out, torch.Tensor) and out.shape == y.shape):

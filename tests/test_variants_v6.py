@@ -151,6 +151,8 @@ CASES = [
     ("softcap 5, Nq > Nk", 1, 2, 2, 1700, 1040, fp16, dict(softcap=5.0)),
     ("softcap 8 + window (255, 0) + gqa 4/2", 1, 4, 2, 1800, 1800, bf16,
      dict(is_causal=True, window=(255, 0), softcap=8.0)),
+    ("window (300, 2**31 - 1): a bound past every key", 1, 2, 2, 1500, 1700, bf16, dict(window=(300, 2**31 - 1))),
+    ("window (2**31 - 1, 0) causal", 1, 2, 2, 1500, 1500, fp16, dict(is_causal=True, window=(2**31 - 1, 0))),
 ]
 
 

@@ -66,13 +66,19 @@ def merge_attention(o, lse, o_part, lse_part):
 
     o: (..., N, D) float32, lse: (..., N) float32 natural log.  A part that saw no key has
     lse = -inf and weight 0 (never e^(nan)).  Same rule as :func:`flashlab.reference.merge_states`,
-    which merges unnormalised (m, l, acc): here acc = l·o and lse = m + log l."""
-    new = torch.logaddexp(lse, lse_part)
-    safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new)
-    w = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - safe))
+    which merges unnormalised (m, l, acc): here acc = l·o and lse = m + log l.  The weights are taken
+    against the larger LSE and divided by their sum, as the GPU kernel and ``merge_partials`` do: weighed
+    against the merged LSE, its float32 rounding (1e-8 relative is 4e-4 absolute at LSE 5e4) scaled O."""
+    m = torch.maximum(lse, lse_part)
+    safe = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w = torch.where(torch.isneginf(lse), torch.zeros_like(lse), torch.exp(lse - safe))          # <= 1
     w_part = torch.where(torch.isneginf(lse_part), torch.zeros_like(lse_part), torch.exp(lse_part - safe))
+    total = w + w_part
+    new = torch.where(total > 0, safe + torch.log(torch.where(total > 0, total, torch.ones_like(total))),
+                      torch.full_like(total, float("-inf")))
+    mine = torch.where(torch.isneginf(lse)[..., None], 0.0, w[..., None] * o.float())      # an unseen O: 0, not NaN
     part = torch.where(torch.isneginf(lse_part)[..., None], 0.0, w_part[..., None] * o_part.float())
-    return w[..., None] * o + part, new
+    return (mine + part) / torch.where(total > 0, total, torch.ones_like(total))[..., None], new
 
 
 def _merge_into(o, lse, o_part, lse_part):
@@ -218,6 +224,9 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if torch.is_grad_enabled():        # create_graph=True: an error, not a silently wrong second derivative
+            from ..variants import refuse_double_backward
+            refuse_double_backward()
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _ring_backward(q, k, v, o, lse, do.contiguous(), *ctx.args)
         return dq, dk, dv, None, None, None, None, None
@@ -297,6 +306,8 @@ def ring_attention(q, k, v, is_causal: bool = False, *, group=None, layout: str 
     """
     if causal is not None:
         is_causal = causal
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     _check(q, k, v, layout, group, scale)
     _check_same_shapes(q, k, group)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -125,11 +125,11 @@ def decode_split_kernel(
         if PAGED:
             phys = tl.load(bt_row + (cols // PAGE) * stride_btm, mask=n_ok, other=0)
             phys = tl.minimum(tl.maximum(phys, 0), NUM_BLOCKS - 1).to(tl.int64)   # never read outside the pool
-            k_rows = phys * stride_kb + (cols % PAGE) * stride_kn
-            v_rows = phys * stride_vb + (cols % PAGE) * stride_vn
-        else:
-            k_rows = cols * stride_kn
-            v_rows = cols * stride_vn
+            k_rows = phys * stride_kb + (cols % PAGE).to(tl.int64) * stride_kn
+            v_rows = phys * stride_vb + (cols % PAGE).to(tl.int64) * stride_vn
+        else:   # in int64: a (B, N, H_kv, D) cache seen transposed has rows H_kv D apart, past 2**31 from 2**21 keys
+            k_rows = cols.to(tl.int64) * stride_kn
+            v_rows = cols.to(tl.int64) * stride_vn
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(k_head + k_rows[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_head + v_rows[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
