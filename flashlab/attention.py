@@ -331,7 +331,6 @@ def flash_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
                                   return_lse=return_lse, allow_tf32=allow_tf32)
     if is_causal is not True and is_causal is not False:
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise ValueError(f"seed must be an int in [0, 2**63) or None (drawn from torch's generator), got {seed!r}")
+    variants.check_seed(seed)
     o, lse = _attention(query, key, value, is_causal, scale, allow_tf32)
     return (o, lse) if return_lse else o

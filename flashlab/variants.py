@@ -90,6 +90,12 @@ def _check_heads(H: int, Hk: int, enable_gqa: bool) -> int:
     return H // Hk
 
 
+def check_seed(seed) -> None:
+    """Dropout's seed as every entry point takes it (the plain path too, which has no dropout to use it)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError(f"seed must be an int in [0, 2**63) or None (drawn from torch's generator), got {seed!r}")
+
+
 def _check_scalars(dropout_p, scale, window, softcap, seed, is_causal):
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a number in [0, 1), got {dropout_p!r}")
@@ -99,8 +105,7 @@ def _check_scalars(dropout_p, scale, window, softcap, seed, is_causal):
     if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
                                 or not math.isfinite(softcap) or softcap <= 0):
         raise ValueError(f"softcap must be a positive finite number (e.g. 30.0) or None, got {softcap!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise ValueError(f"seed must be an int in [0, 2**63) or None (drawn from torch's generator), got {seed!r}")
+    check_seed(seed)
     if not isinstance(is_causal, bool):
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if window is None:
@@ -559,14 +564,13 @@ def refuse_functorch(*tensors) -> None:
             "grads): use torch.autograd.grad / .backward() for gradients, and a loop or a batch dimension for vmap")
 
 
-
-
 def refuse_double_backward() -> None:
     """The backward under create_graph=True: the kernels' gradients carry no graph, so a second derivative through
     them would be silently wrong (treated as a constant); SDPA's flash and efficient kernels refuse it too."""
     raise RuntimeError("flashlab's attention has no second derivative: its backward runs kernels autograd cannot "
                        "differentiate (create_graph=True, e.g. a gradient penalty); use torch.nn.functional."
                        "scaled_dot_product_attention's math backend (sdpa_kernel(SDPBackend.MATH)) there")
+
 
 # ----------------------------------------------------------------------------------------- public entry points
 
