@@ -69,8 +69,6 @@ def check_inputs(q, k, v, scale=None) -> None:
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"head dim D={D} is not supported; use 1 <= D <= {MAX_HEAD_DIM} "
                          f"(16, 32, 64, 128 are the fast paths)")
-    if Nq == 0 or k.shape[2] == 0 or B == 0 or H == 0:
-        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}; every dimension must be >= 1")
     if scale is not None and (isinstance(scale, bool) or not (isinstance(scale, (int, float)) and math.isfinite(scale)
                                                                and scale > 0)):
         raise ValueError(f"scale must be a positive finite number or None (1/sqrt(D)), got {scale!r}")
@@ -242,6 +240,9 @@ def _attention(q, k, v, causal, scale, allow_tf32):
     autocast, the default scale, autograd.  Returns (o, lse)."""
     if _functorch_active():
         variants.refuse_functorch(q, k, v)
+    if isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and not (q.numel() and k.numel()):
+        check_inputs(q, k, v, scale)   # a call with no query-key pair (a dimension of 0): zeros, as SDPA gives
+        return variants.empty_call(q, k, v, q.shape[:3])
     if torch.compiler.is_compiling():  # one opaque custom op for the compiler (flashlab/op.py): no graph break
         check_inputs(q, k, v, scale)   # (autocast: the op's own autocast rule, flashlab/op.py)
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

@@ -75,13 +75,11 @@ def _check_qkv(q, k, v, dims: int, layout: str) -> None:
                          f"key {tuple(k.shape)}, value {tuple(v.shape)}")
     if not 1 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"head dim D={D} is not supported; use 1 <= D <= {MAX_HEAD_DIM}")
-    if any(n == 0 for n in (*q.shape, *k.shape)):
-        raise ValueError(f"empty input: query {tuple(q.shape)}, key {tuple(k.shape)}; every dimension must be >= 1")
 
 
 def _check_heads(H: int, Hk: int, enable_gqa: bool) -> int:
     if Hk != H:
-        if H % Hk:
+        if Hk == 0 or H % Hk:
             raise ValueError(f"query has {H} heads and key/value {Hk}: for grouped-query attention the "
                              f"query heads must be a multiple of the key/value heads (H % H_kv == 0)")
         if not enable_gqa:
@@ -170,7 +168,7 @@ def uses_variants(attn_mask=None, dropout_p=0.0, enable_gqa=False, window=None, 
     """True when a call needs the variants' kernels (forward v4 / backward v5, or v6 where the plan runs it; the plain
     path stays the op's own)."""
     heads_differ = (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
-                    and q.shape[1] != k.shape[1] and (enable_gqa or q.shape[1] % k.shape[1] == 0))
+                    and q.shape[1] != k.shape[1] and (enable_gqa or k.shape[1] and q.shape[1] % k.shape[1] == 0))
     return (attn_mask is not None or (dropout_p != 0.0) or window is not None or softcap is not None
             or alibi_slopes is not None or heads_differ)
 
@@ -555,6 +553,30 @@ def _run(q, k, v, mask, slopes, cu_q, cu_k, max_q, max_k, left, right, softcap, 
     return o, lse
 
 
+class _Empty(torch.autograd.Function):
+    """A call with nothing to compute (a batch, the heads, the queries or the keys of length 0), as SDPA takes it:
+    O is zeros (with no key a row's O is 0, the kernels' rule), the LSE -inf, the gradients zeros."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lse_shape):
+        ctx.save_for_backward(q, k, v)
+        lse = torch.full(lse_shape, -math.inf, device=q.device, dtype=torch.float32)
+        ctx.mark_non_differentiable(lse)
+        return q.new_zeros(q.shape), lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v = ctx.saved_tensors
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+
+
+def empty_call(q, k, v, lse_shape) -> Optional[tuple]:
+    """(O, LSE) of a call with no query-key pair, or None when there is work (the inputs checked already)."""
+    if q.numel() and k.numel():
+        return None
+    return _Empty.apply(q, k, v, tuple(lse_shape))
+
+
 def refuse_functorch(*tensors) -> None:
     """A clear error under torch.func's transforms (grad, vmap, jacrev, ...) of these tensors: the kernels take
     real tensors and autograd.Function's eager path, which those transforms do not give them."""
@@ -591,8 +613,9 @@ def attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
     _check_slopes(alibi_slopes, B, H, query.device)
     _check_mask(attn_mask, (B, H, Nq, Nk), query)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    o, lse = _run(query, key, value, attn_mask, alibi_slopes, None, None, Nq, Nk, left, right, softcap, dropout_p,
-                  seed, scale, allow_tf32)
+    o, lse = empty_call(query, key, value, (B, H, Nq)) or _run(
+        query, key, value, attn_mask, alibi_slopes, None, None, Nq, Nk, left, right, softcap, dropout_p, seed, scale,
+        allow_tf32)
     return (o, lse) if return_lse else o
 
 
@@ -646,8 +669,11 @@ def flash_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     left, right = _check_scalars(dropout_p, scale, window, softcap, seed, is_causal)
     _check_slopes(alibi_slopes, cu_seqlens_q.shape[0] - 1, H, q.device)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    o, lse = _run(q, k, v, None, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right,
-                  softcap, dropout_p, seed, scale, allow_tf32)
+    if not (q.numel() and k.numel()):
+        _check_cu(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    o, lse = empty_call(q, k, v, (H, q.shape[0])) or _run(
+        q, k, v, None, alibi_slopes, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, softcap,
+        dropout_p, seed, scale, allow_tf32)
     return (o, lse) if return_lse else o
 
 

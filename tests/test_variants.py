@@ -692,3 +692,60 @@ def test_torch_func_transforms_are_refused_clearly(kw):
         torch.func.grad(lambda x: fa(x, k, v, **kw).sum())(q)
     with pytest.raises(NotImplementedError, match="torch.func"):
         torch.func.vmap(lambda x: fa(x, k, v, **kw))(q[None].expand(3, -1, -1, -1, -1))
+
+
+EMPTY = [   # (q shape, k/v shape, keywords): a dimension of 0, as SDPA takes it
+    ((2, 3, 5, 16), (2, 3, 0, 16), {}),
+    ((2, 3, 5, 16), (2, 3, 0, 16), dict(is_causal=True)),
+    ((2, 3, 0, 16), (2, 3, 7, 16), {}),
+    ((0, 3, 5, 16), (0, 3, 7, 16), dict(is_causal=True)),
+    ((2, 0, 5, 16), (2, 0, 7, 16), {}),
+    ((2, 4, 5, 16), (2, 2, 0, 16), dict(enable_gqa=True, window=(2, 0))),
+    ((2, 4, 0, 16), (2, 2, 7, 16), dict(enable_gqa=True, softcap=30.0, dropout_p=0.2, seed=1)),
+    ((2, 3, 5, 16), (2, 3, 0, 16), dict(attn_mask="bool")),
+    ((2, 3, 0, 16), (2, 3, 7, 16), dict(attn_mask="float", alibi_slopes="slopes")),
+]
+
+
+@pytest.mark.parametrize("qs,ks,kw", EMPTY)
+def test_empty_inputs_give_sdpa_zeros(qs, ks, kw):
+    """A batch, heads, queries or keys of length 0: O and the gradients are SDPA's (zeros of the inputs' shapes),
+    the LSE -inf, and nothing reaches a kernel; a key/value of 0 heads beside query heads is refused."""
+    kw = dict(kw)
+    q = torch.randn(qs, device=DEV).requires_grad_()
+    k, v = (torch.randn(ks, device=DEV).requires_grad_() for _ in range(2))
+    B, H, Nq, _ = qs
+    if kw.get("attn_mask") == "bool":
+        kw["attn_mask"] = torch.ones(B, 1, Nq, ks[2], dtype=torch.bool, device=DEV)
+    elif kw.get("attn_mask") == "float":
+        kw["attn_mask"] = torch.zeros(1, H, Nq, ks[2], device=DEV)
+    if kw.get("alibi_slopes") == "slopes":
+        kw["alibi_slopes"] = torch.rand(H, device=DEV)
+    o, lse = fa(q, k, v, return_lse=True, **kw)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), is_causal=kw.get("is_causal", False),
+        enable_gqa=kw.get("enable_gqa", False))
+    assert o.shape == ref.shape and lse.shape == qs[:3] and lse.dtype == torch.float32
+    assert torch.equal(o.cpu(), ref) and bool(torch.isneginf(lse).all())
+    (o * 1.5).sum().backward()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any(), f"d{name}"
+
+
+def test_empty_varlen_and_heads():
+    """Packed calls with no rows or no keys (cu_seqlens still checked), and 0 key heads beside query heads."""
+    q = torch.randn(6, 2, 16, device=DEV).requires_grad_()
+    k = torch.randn(0, 2, 16, device=DEV).requires_grad_()
+    cq = torch.tensor([0, 4, 6], dtype=torch.int32, device=DEV)
+    c0 = torch.zeros(3, dtype=torch.int32, device=DEV)
+    o, lse = flashlab.flash_attention_varlen(q, k, k, cq, c0, 4, 1, is_causal=True, return_lse=True)
+    assert o.shape == q.shape and not o.any() and lse.shape == (2, 6) and bool(torch.isneginf(lse).all())
+    o.sum().backward()
+    assert q.grad.shape == q.shape and not q.grad.any() and k.grad.shape == k.shape
+    with pytest.raises(ValueError, match="end at the packed length"):
+        flashlab.flash_attention_varlen(q, k, k, cq, cq, 4, 4)
+    e = torch.randn(0, 2, 16, device=DEV)
+    o = flashlab.flash_attention_varlen(e, q.detach(), q.detach(), c0, cq, 1, 4)
+    assert o.shape == e.shape
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        fa(torch.randn(1, 4, 3, 16, device=DEV), *(torch.randn(1, 0, 3, 16, device=DEV),) * 2, enable_gqa=True)
