@@ -615,7 +615,12 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         lse_strides = (0, *lse.stride())
     else:
         delta = backward.preprocess(plan, o, do, runners)
-        dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
+        # dQ's buffer with dQ's strides when they can be a TMA descriptor's ((B, N, H, D) memory seen as (B, H, N, D):
+        # a model's q_proj(x).view(B, N, H, D).transpose(1, 2)), so the last scaling reads it in order, as a packed
+        # call's; else (B, H, N, D) contiguous
+        dq_acc = torch.zeros_like(dq, dtype=torch.float32)     # dQ's strides when dense, else contiguous
+        if dq_acc.stride(-1) != 1:
+            dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
         cu_q = cu_k = lse
         lse_strides = tuple(lse.stride())
     # the kernel writes dK and dV with one set of strides, the last 1
@@ -636,7 +641,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
                   KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, VARLEN=varlen, num_warps=cfg.num_warps,
                   maxnreg=MAXNREG)
     # dk_out, dv_out and dq_acc have strides of their own: the runner's key (the caller's tensors) does not hold
-    # them unless they are the caller's (dk_out is dk, dv_out dv); dq_acc's follow from q's shape
+    # them unless they are the caller's (dk_out is dk, dv_out dv); dq_acc's follow from dq's (the caller's)
     same = dk_out is dk and dv_out is dv
     tiles.launch_cached(flash_bwd_kernel_v6, grid, args, consts, runners if same else None, "bwd v6")
     if dk_out is not dk:
