@@ -49,12 +49,17 @@ in forward v6) measured as fast in backward v5, which is deterministic, and runs
   wait beside it.  Kept there, the loop spilled (sm_90, triton 3.6: 1,114 instructions a tile, 58 local stores and
   64 loads; now 1,058, 31 and 36) and the backward took 4.73 ms at B 2, H 16, N 8192, causal (now 3.79 ms;
   docs/BENCHMARKS.md, 2026-12-04).
-- DROPOUT: forward v6's mask regenerated once (backward v5 draws it in both its kernels), S^T's keep masks made
-  before the step's products are issued, into shared memory (1 KiB a consumer and step, two steps' worth), and read
-  back where P^T and dP^T need them; Z's factor 1 / (1 - p) is applied to dK, dV and dQ once, at the end.  Made
-  while S^T and dP^T were in flight, with the masks in registers (16 a thread) beside dK and dV's 128, the loop
-  spilled more (sm_90, triton 3.6: 1,186 instructions a step, 48 local stores and 71 loads; now 1,063, 28 and 48;
-  648, 8 and 14 without dropout) and measured 1.41 ms against 1.28 (docs/BENCHMARKS.md).
+- DROPOUT: forward v6's mask regenerated once (backward v5 draws it in both its kernels).  The producer, a warpgroup
+  with dropout (its three more warps were the padding of the 12 warps the registers are counted for), makes both
+  consumers' keep masks of a step once its copies are issued, into the stage's shared memory (1 KiB a consumer),
+  and arrives a second time on dO's barrier; so Philox runs off the consumers' path, where the tensor cores waited
+  for it.  A consumer reads its masks once, into P^T's sign (a dropped score's P negative): max(P^T, 0) is
+  P^T o keep for dV, and dS^T = P^T o (dP^T - D_i) where kept, -|P^T| D_i where dropped.  Z's factor 1 / (1 - p)
+  is applied to dK, dV and dQ once, at the end.  The loop's SASS (sm_90, triton 3.6, causal, the unmasked loop of
+  each consumer): 1,063 / 1,055 instructions a step with 28 / 25 local stores and 48 / 38 loads when each consumer
+  made its own masks (before the products; made while they were in flight, 1,186, 48, 71) and read them twice;
+  866 / 823 with 12 / 7 and 21 / 19 now (665 / 637, 9 / 4, 13 / 12 without dropout).  Not yet timed: the
+  record's dropout rows are the consumers' masks' (1.28 ms at B 2, H 16, N 4096, causal; docs/BENCHMARKS.md).
 - VARLEN (packed sequences, forward v6's layout): a program's sequence from cu_seqlens, its first row and key added
   to every TMA coordinate.  A tile may load the next sequence's rows, which are not zeros as past a dense tensor's
   end; rather than a mask on every tile (masking the ragged ones in loops of their own spilled the loop without the
@@ -125,14 +130,15 @@ if AVAILABLE:
 
     @gluon.jit
     def _kept_t(x, masks, layout: gl.constexpr):
-        """x (S^T's wgmma layout) with the dropped scores at 0 (masks: _dropout_words_t's, read in _DROP_MASKS_T)."""
+        """x (S^T's wgmma layout, x >= 0) with the dropped scores negated (masks: _dropout_words_t's, read in
+        _DROP_MASKS_T): max(., 0) is then x o keep and |.| x, so the keep bits are read once a step."""
         k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, _DROP_BITS_T)))
         # key k's bit, 8 (k % 4) + k // 4: k's bits 0-2 are the lane's (one shift a mask), bit 3 a register's
         by_lane = gl.expand_dims(gl.expand_dims(8 * (k & 3) + ((k >> 2) & 1), 0), 2)
         by_reg = gl.expand_dims(gl.expand_dims(2 * ((k >> 3) & 1), 0), 2)
         keep = (((gl.expand_dims(masks, 1) >> by_lane) >> by_reg) & 1) != 0
         keep = gl.convert_layout(keep.reshape([64, 64]), layout, assert_trivial=True)
-        return gl.where(keep, x, 0.0)
+        return gl.where(keep, x, -x)
 
     if hasattr(tma, "async_atomic_add"):          # Triton >= 3.7
         @gluon.jit
@@ -157,33 +163,45 @@ if AVAILABLE:
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
         off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
+        H = sizes[8]
+        drop = scales[4]
+        masks = (dm_smem, drop, off_b, H, n0)
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         _tma_load(k_desc, [tb, off_kv, k0 + n0, 0], kv_bar, k_smem)
         _tma_load(v_desc, [tb, off_kv, k0 + n0, 0], kv_bar, v_smem)
         if KV_GROUP > 1:
             for g in range(KV_GROUP):
                 _produce(tb, off_kv * KV_GROUP + g, g * n_iter, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem,
-                         do_smem, q_ready, do_ready, qdo_empty)
+                         do_smem, q_ready, do_ready, qdo_empty, masks, DROPOUT)
         else:
             _produce(tb, off_kv, 0, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
-                     qdo_empty)
+                     qdo_empty, masks, DROPOUT)
 
     @gluon.jit
     def _produce(off_b, off_h, base, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
-                 qdo_empty):
+                 qdo_empty, masks, DROPOUT: gl.constexpr):
         """Query head off_h's Q_i and dO_i, the ring's steps base ... base + n_iter - 1 (off_b: the descriptors'
-        batch, 0 in a packed call's (1, H, total, D) view; q0: the sequence's first row there, 0 in a dense call)."""
+        batch, 0 in a packed call's (1, H, total, D) view; q0: the sequence's first row there, 0 in a dense call).
+        DROPOUT (this partition then has 4 warps): once the copies are issued, both consumers' keep masks of the step
+        (masks = (dm_smem, drop, the sequence's batch, H, n0)) into stage st's two slots of dm_smem; a second arrival
+        on do_ready tells the consumers they are there (they read them after dP^T is issued, which waits for it)."""
         STAGES: gl.constexpr = q_smem.type.shape[0]
         BLOCK_M: gl.constexpr = q_smem.type.shape[3]
         for i in range(n_iter):
             it = base + i
             st = it % STAGES
-            row = q0 + (m_lo + (first + i) % n_iter) * BLOCK_M
+            row0 = (m_lo + (first + i) % n_iter) * BLOCK_M
             mbarrier.wait(qdo_empty.index(st), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [off_b, off_h, row, 0], q_ready.index(st), q_smem.index(st))
+            _tma_load(q_desc, [off_b, off_h, q0 + row0, 0], q_ready.index(st), q_smem.index(st))
             mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
-            _tma_load(do_desc, [off_b, off_h, row, 0], do_ready.index(st), do_smem.index(st))
+            _tma_load(do_desc, [off_b, off_h, q0 + row0, 0], do_ready.index(st), do_smem.index(st))
+            if DROPOUT:   # both consumers read the stage's slots before they arrive on qdo_empty: free to write
+                dm_smem, drop, seq, H, n0 = masks
+                for w in gl.static_range(2):
+                    dm_smem.index(st * 2 + w).store(_dropout_words_t(drop, seq * H + off_h, row0, n0 // 16 + 4 * w))
+                _sync()
+                mbarrier.arrive(do_ready.index(st), count=1)
 
     @gluon.jit
     def _consumer_steps(lo, hi, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta,
@@ -194,9 +212,9 @@ if AVAILABLE:
         so that the other tiles' loop carries no mask (its indices cost registers, and registers here are short: a
         causal loop with them spilled).  BAND: the window's mask (else the causal one), and rows that see no key
         (LSE = -inf) taken as LSE = +inf, so their P = 0.  SOFTCAP: scores c tanh(s scale / c) (qk_scale = c log2 e,
-        cap_in = scale / c), and dS^T gains the factor 1 - tanh^2.  DROPOUT: forward v6's keep masks, made before the
-        products are issued (through dm_smem): dV_w += (P^T o Z) dO_i and dS^T = P^T o (dP^T o Z - D_i), Z the kept
-        scores' 1 / (1 - p), 0 elsewhere; here without Z's factor 1 / (1 - p), which the caller applies to dK and dV
+        cap_in = scale / c), and dS^T gains the factor 1 - tanh^2.  DROPOUT: forward v6's keep masks, the producer's
+        (dm_smem, stage st): dV_w += (P^T o Z) dO_i and dS^T = P^T o (dP^T o Z - D_i), Z the kept scores'
+        1 / (1 - p), 0 elsewhere; here without Z's factor 1 / (1 - p), which the caller applies to dK and dV
         and the launcher to dQ.  VARLEN (a packed sequence; rows and keys counted from its start q0, k0): the rows
         past the sequence's end (the next one's) read LSE = +inf, so their P and dS are 0."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem = bufs
@@ -250,15 +268,8 @@ if AVAILABLE:
             q_s = q_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
             do_s = do_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
 
-            if DROPOUT:   # keys n0 + 64 WG ... (four groups of 16, one a warp) x the tile's 64 rows, to shared memory
-                # before the products: made while S^T and dP^T were in flight, the 16 mask registers and Philox's
-                # lived beside theirs and dK, dV's and spilled (sm_90: 1,186 instructions a step, 48 local stores, 71
-                # loads; now 1,063, 28, 48); read back where P^T and dP^T need them.  A step's words are written after
-                # every thread of the warpgroup passed the last step's later barriers (dS^T's, dQ's), so after its
-                # reads (one buffer would do; there are two, by step parity).
-                mbuf = dm_smem.index(WG * 2 + b)
-                mbuf.store(_dropout_words_t(drop, off_b * H + off_h, row0, (n0 + WG * HALF) // 16))
-                _sync()
+            if DROPOUT:   # keys n0 + 64 WG ... (four groups of 16) x the tile's 64 rows: the producer's (_produce)
+                mbuf = dm_smem.index(st * 2 + WG)
             mbarrier.wait(q_ready.index(st), ph)
             s_tok = warpgroup_mma(k_w, q_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             mbarrier.wait(do_ready.index(st), ph)
@@ -275,18 +286,21 @@ if AVAILABLE:
                     keep = keys[:, None] <= rows[None, :]
                 s_t = gl.where(keep, s_t, float("-inf"))     # (soft-cap: t stays unmasked; P = 0 zeroes dS there)
             p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))  # P^T <= 1 (keys past Nk too)
-            if DROPOUT:   # Z's 1 / (1 - p) is taken out of dV, dK and dQ and applied once, at their end
-                p16 = gl.convert_layout(_kept_t(p_t, mbuf.load(_DROP_MASKS_T), mma_s).to(dtype), a_op)
+            if DROPOUT:   # Z's 1 / (1 - p) is taken out of dV, dK and dQ and applied once, at their end; P^T's
+                # dropped scores negative from here on (one reading of the keep bits a step)
+                p_t = _kept_t(p_t, mbuf.load(_DROP_MASKS_T), mma_s)
+                p16 = gl.convert_layout(gl.maximum(p_t, 0.0).to(dtype), a_op)
             else:
                 p16 = gl.convert_layout(p_t.to(dtype), a_op)
             dv_tok = warpgroup_mma(p16, do_s, dv, is_async=True)             # dV_w += P^T dO_i
             if SOFTCAP:   # dS^T's factors but dP^T - D_i now, P^T o (1 - t^2): t is not kept through dP^T's wait
                 p_t = p_t * (1.0 - t * t)
             dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))                   # dP^T done; dV in flight
-            if DROPOUT:   # dS^T (1 - p) = P^T o (dP^T o keep - D_i (1 - p))
-                dp_t = _kept_t(dp_t, mbuf.load(_DROP_MASKS_T), mma_s)
-                delta = delta * (1.0 / drop[3])
-            ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)                 # dS^T (soft-cap: o (1 - t^2) above)
+            if DROPOUT:   # dS^T (1 - p) = P^T o (dP^T o keep - D_i (1 - p)) = (P^T o keep) o dP^T - P^T D_i (1 - p)
+                dd = (delta * (1.0 / drop[3]))[None, :]
+                ds16 = (p_t * gl.where(p_t > 0.0, dp_t - dd, dd)).to(dtype)
+            else:
+                ds16 = (p_t * (dp_t - delta[None, :])).to(dtype)             # dS^T (soft-cap: o (1 - t^2) above)
 
             mbarrier.wait(ds_free.index(b), phb ^ 1)                       # both read this buffer 2 tiles ago
             ds_smem.index(b).slice(WG * HALF, HALF, dim=0).store(ds16)
@@ -497,7 +511,10 @@ if AVAILABLE:
             mbarrier.init(kz_bar, count=2)
         for s in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(s), count=1)
-            mbarrier.init(do_ready.index(s), count=1)
+            if DROPOUT:   # dO's copy and the producer's keep masks (_produce)
+                mbarrier.init(do_ready.index(s), count=2)
+            else:
+                mbarrier.init(do_ready.index(s), count=1)
             mbarrier.init(qdo_empty.index(s), count=2)                 # both consumer warpgroups arrive
         for s in gl.static_range(2):
             mbarrier.init(ds_ready.index(s), count=2)
@@ -505,8 +522,8 @@ if AVAILABLE:
         fence_async_shared()
 
         dm_smem = dq_smem                                               # (unused)
-        if DROPOUT:   # each consumer's keep words of a step, two steps' worth (1 KiB each)
-            dm_smem = gl.allocate_shared_memory(gl.uint32, [4, 4, 64],
+        if DROPOUT:   # each consumer's keep words of a stage (1 KiB each), made by the producer
+            dm_smem = gl.allocate_shared_memory(gl.uint32, [2 * STAGES, 4, 64],
                                                 gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
         bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem)
         bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar)
@@ -525,14 +542,24 @@ if AVAILABLE:
             scales = (qk_scale, sm_scale, band, cap_in, drop)
         else:
             scales = (qk_scale, sm_scale, band, 1.0, drop)
-        gl.warp_specialize([
-            (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 0, VARLEN)),
-            (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+        if DROPOUT:   # the producer a warpgroup (the 12 warps' registers as before: its 3 more warps were padding)
+            gl.warp_specialize([
+                (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs,
+                                       scales, CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 0, VARLEN)),
+                (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs,
+                                       scales, CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1, VARLEN)),
+                (_load_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
                                    CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1, VARLEN)),
-            (_load_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
-                               CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1, VARLEN)),
-        ], [4, 1], [CONSUMER_REGS, 24])
+            ], [4, 4], [CONSUMER_REGS, 24])
+        else:
+            gl.warp_specialize([
+                (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs,
+                                       scales, CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 0, VARLEN)),
+                (_consumer_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs,
+                                       scales, CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1, VARLEN)),
+                (_load_partition, (q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
+                                   CAUSAL, BAND, SOFTCAP, KV_GROUP, DROPOUT, 1, VARLEN)),
+            ], [4, 1], [CONSUMER_REGS, 24])
 
 
 # ------------------------------------------------------------------------------------- configs and launcher
