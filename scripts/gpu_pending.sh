@@ -13,3 +13,19 @@ PYTHONPATH=scripts/_alt/main python scripts/dropout_time.py main "$out/dropout_m
 python scripts/dropout_time.py branch "$out/dropout_branch.json"
 python scripts/bwd_call_profile.py "$out/bwd_call_profile.json"
 FLASHLAB_AUTOTUNE=0 python -m flashlab bench --variants dropout --json "$out/variants_dropout.json"
+# the packed backward's kernel against the dense one of the same shape (8 x 2048 causal, H 16): where the warps stall
+for case in dense_bhsd docs; do
+    /usr/local/cuda/bin/ncu --kernel-name regex:flash_bwd_kernel_v6 --launch-skip 1 --launch-count 1 \
+        --section SchedulerStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis python -c "
+import sys, torch
+sys.path.insert(0, 'scripts')
+import bwd_call_profile as b
+xs, f = b.$case()
+o = f()
+do = torch.randn_like(o)
+for _ in range(2):
+    torch.autograd.grad(o, xs, do, retain_graph=True)
+torch.cuda.synchronize()" > "$out/ncu_$case.txt" 2>&1 || true
+    grep -E "Warp Cycles Per Issued|Stall|Issue Slot|Eligible|Duration" "$out/ncu_$case.txt" | head -30
+done
