@@ -158,8 +158,8 @@ if AVAILABLE:
     def _load_partition(q_desc, k_desc, v_desc, do_desc, dq_desc, bufs, bars, coords, sizes, ptrs, scales,
                         CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, KV_GROUP: gl.constexpr,
                         DROPOUT: gl.constexpr, WG: gl.constexpr, VARLEN: gl.constexpr = False):
-        """The producer (1 warp): K_j and V_j once, then, for each query head of the K/V head's group, Q_i and dO_i
-        into stage it % STAGES when it is empty."""
+        """The producer (1 warp; a warpgroup with dropout, which makes the keep masks too): K_j and V_j once, then,
+        for each query head of the K/V head's group, Q_i and dO_i into stage it % STAGES when it is empty."""
         k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
         off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
@@ -646,7 +646,8 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         # a model's q_proj(x).view(B, N, H, D).transpose(1, 2)), so the last scaling reads it in order, as a packed
         # call's; else (B, H, N, D) contiguous
         dq_acc = torch.zeros_like(dq, dtype=torch.float32)     # dQ's strides when dense, else contiguous
-        if dq_acc.stride(-1) != 1:
+        if dq_acc.stride(-1) != 1 or any(st % 4 for st in dq_acc.stride()):   # TMA: strides of 16 bytes
+            # (zeros_like keeps even a size-1 dimension's stride, which as_strided may have made odd)
             dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
         cu_q = cu_k = lse
         lse_strides = tuple(lse.stride())
