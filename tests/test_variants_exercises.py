@@ -373,15 +373,12 @@ def test_a_named_bug_is_never_a_wrong_diagnosis():
 
 # ----------------------------------------------------------------------------------------- notebook 08's record
 
-RECORD = ROOT / "docs" / "bench_h200_2026-12-03_variants_runner.json"     # the variants' latest H200 record
-DROPOUT_RECORD = ROOT / "docs" / "bench_h200_2026-12-03_variants_dropout_smem.json"   # its dropout part, re-run
+RECORD = ROOT / "docs" / "bench_h200_2026-12-05_variants.json"     # the variants' latest H200 record
 
 
 def _record() -> dict:
-    """(variant, provider) -> row: the latest record's rows, its dropout rows from the later dropout run."""
-    rec = {(r["variant"], r["provider"]): r for r in json.loads(RECORD.read_text())["rows"]}
-    rec.update({(r["variant"], r["provider"]): r for r in json.loads(DROPOUT_RECORD.read_text())["rows"]})
-    return rec
+    """(variant, provider) -> row of the latest record."""
+    return {(r["variant"], r["provider"]): r for r in json.loads(RECORD.read_text())["rows"]}
 
 
 def test_notebook_08_h200_table_is_the_benchmark_record():
@@ -405,7 +402,7 @@ def test_notebook_08_h200_table_is_the_benchmark_record():
             key = (variant, "torch varlen_attn") if label.strip() == "varlen_attn" else others[label.strip()]
             assert (int(fwd), int(bwd)) == rate(key), (name, label)
     md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    assert "recorded" in md and "2026-12-03" in md and RECORD.name in md and DROPOUT_RECORD.name in md
+    assert "recorded" in md and "2026-12-05" in md and RECORD.name in md
 
 
 def test_notebook_08_links_resolve_and_prose_matches_the_record():
