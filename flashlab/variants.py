@@ -574,6 +574,7 @@ def empty_call(q, k, v, lse_shape) -> Optional[tuple]:
     """(O, LSE) of a call with no query-key pair, or None when there is work (the inputs checked already)."""
     if q.numel() and k.numel():
         return None
+    q, k, v = _autocast(q, k, v)       # O in autocast's dtype, as SDPA's
     return _Empty.apply(q, k, v, tuple(lse_shape))
 
 

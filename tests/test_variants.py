@@ -749,3 +749,6 @@ def test_empty_varlen_and_heads():
     assert o.shape == e.shape
     with pytest.raises(ValueError, match="multiple of the key/value heads"):
         fa(torch.randn(1, 4, 3, 16, device=DEV), *(torch.randn(1, 0, 3, 16, device=DEV),) * 2, enable_gqa=True)
+    with torch.autocast(DEV.type, dtype=torch.bfloat16):                # O in autocast's dtype, as SDPA's
+        assert fa(torch.randn(1, 2, 3, 16, device=DEV), *(torch.randn(1, 2, 0, 16, device=DEV),) * 2).dtype \
+            == torch.bfloat16
