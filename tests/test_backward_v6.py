@@ -114,6 +114,19 @@ def test_gpu_backward_v6_dense_bnhd_memory(rng, causal):
     assert all(c.ok for c in checks), "\n".join(map(str, checks))
 
 
+def test_dq_buffer_takes_dq_strides():
+    """dQ's float32 buffer has dQ's strides when a TMA descriptor can take them ((B, N, H, D) memory), else it is
+    contiguous: an ordered final scaling, and never a descriptor with a stride that is not 16 bytes."""
+    bnhd = torch.empty(2, 300, 3, 128).transpose(1, 2)
+    assert backward_v6.dq_buffer(bnhd).stride() == bnhd.stride()
+    assert backward_v6.dq_buffer(torch.empty(2, 3, 300, 128)).is_contiguous()
+    sliced = backward_v6.dq_buffer(torch.empty(2, 300, 3, 130)[..., :128].transpose(1, 2))   # not dense
+    assert sliced.stride() == (300 * 3 * 128, 128, 3 * 128, 1)           # zeros_like: dense, in its order
+    skew = torch.empty(1, 3, 300, 128).as_strided((1, 3, 300, 128), (7, 300 * 128, 128, 1))
+    buf = backward_v6.dq_buffer(skew)
+    assert buf.is_contiguous() and not bool(buf.any())
+
+
 @pytest.mark.gpu
 @sm90
 def test_gpu_backward_v6_refuses_other_tiles_and_takes_empty_calls():

@@ -616,6 +616,18 @@ def _delta_packed(plan, o, do, runners):
     return delta
 
 
+def dq_buffer(dq):
+    """dQ's float32 buffer (zeros) for a dense call: with dQ's strides when they can be a TMA descriptor's ((B, N, H, D)
+    memory seen as (B, H, N, D): a model's q_proj(x).view(B, N, H, D).transpose(1, 2)), so the last scaling reads it
+    in order, as a packed call's (a strided copy took 136 us where an ordered one takes 66); else (B, H, N, D)
+    contiguous."""
+    buf = torch.zeros_like(dq, dtype=torch.float32)          # dQ's strides when dQ is dense, else contiguous
+    if buf.stride(-1) != 1 or any(st % 4 for st in buf.stride()[:-1]):   # TMA: the other strides 16-byte multiples
+        # (zeros_like keeps even a size-1 dimension's stride, which as_strided may have made odd)
+        buf = torch.zeros(dq.shape, device=dq.device, dtype=torch.float32)
+    return buf
+
+
 def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **variant_args):
     """Delta, then the warp-specialised pass adding dQ into a float32 buffer; dQ = scale * buffer.  K, V, dK, dV
     have H / kv_groups heads; ``variant_args``: the soft-cap value, dropout's rate and seed, and a packed call's
@@ -642,13 +654,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         lse_strides = (0, *lse.stride())
     else:
         delta = backward.preprocess(plan, o, do, runners)
-        # dQ's buffer with dQ's strides when they can be a TMA descriptor's ((B, N, H, D) memory seen as (B, H, N, D):
-        # a model's q_proj(x).view(B, N, H, D).transpose(1, 2)), so the last scaling reads it in order, as a packed
-        # call's; else (B, H, N, D) contiguous
-        dq_acc = torch.zeros_like(dq, dtype=torch.float32)     # dQ's strides when dense, else contiguous
-        if dq_acc.stride(-1) != 1 or any(st % 4 for st in dq_acc.stride()):   # TMA: strides of 16 bytes
-            # (zeros_like keeps even a size-1 dimension's stride, which as_strided may have made odd)
-            dq_acc = torch.zeros((plan.B, plan.H, plan.Nq, plan.D), device=q.device, dtype=torch.float32)
+        dq_acc = dq_buffer(dq)
         cu_q = cu_k = lse
         lse_strides = tuple(lse.stride())
     # the kernel writes dK and dV with one set of strides, the last 1
