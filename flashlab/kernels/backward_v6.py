@@ -58,8 +58,9 @@ in forward v6) measured as fast in backward v5, which is deterministic, and runs
   is applied to dK, dV and dQ once, at the end.  The loop's SASS (sm_90, triton 3.6, causal, the unmasked loop of
   each consumer): 1,063 / 1,055 instructions a step with 28 / 25 local stores and 48 / 38 loads when each consumer
   made its own masks (before the products; made while they were in flight, 1,186, 48, 71) and read them twice;
-  866 / 823 with 12 / 7 and 21 / 19 now (665 / 637, 9 / 4, 13 / 12 without dropout).  Not yet timed: the
-  record's dropout rows are the consumers' masks' (1.28 ms at B 2, H 16, N 4096, causal; docs/BENCHMARKS.md).
+  866 / 823 with 12 / 7 and 21 / 19 now (665 / 637, 9 / 4, 13 / 12 without dropout).  The backward with
+  dropout at B 2, H 16, N 4096, causal: 1.28 ms with the consumers' masks, 0.97 now (0.85 without dropout;
+  docs/BENCHMARKS.md, 2026-12-05).
 - VARLEN (packed sequences, forward v6's layout): a program's sequence from cu_seqlens, its first row and key added
   to every TMA coordinate.  A tile may load the next sequence's rows, which are not zeros as past a dense tensor's
   end; rather than a mask on every tile (masking the ragged ones in loops of their own spilled the loop without the
