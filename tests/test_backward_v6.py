@@ -13,6 +13,7 @@ from flashlab.kernels.tiles import C
 
 from test_forward_v6 import compile_in_child
 
+DEV = device.DEVICE
 needs_gluon = pytest.mark.skipif(not backward_v6.AVAILABLE, reason="this Triton has no Gluon warp specialisation")
 H200 = P.SIMULATED["h200"]
 
@@ -139,3 +140,28 @@ def test_gpu_backward_v6_refuses_other_tiles_and_takes_empty_calls():
     dk, dv = torch.empty_like(kv), torch.empty_like(kv)
     launch_backward(q, kv, kv, o, lse, q, g[0], dk, dv, False, 0.1, version="v6")
     assert (g[0] == 0).all()
+
+
+@pytest.mark.parametrize("lens", [(70, 0, 5, 130), (64,), (1, 128, 63)])
+def test_padded_rows_of_a_packed_call(lens):
+    """Backward v6's LSE and Delta for packed sequences (the interpreter runs their kernel): sequence b's rows at
+    q0 + b * PAD, then PAD rows of LSE = +inf and Delta = 0, every entry written; the forward's LSE and
+    rowsum(dO * O) where the rows are."""
+    H, D = 3, 128 if DEV.type == "cuda" else 32
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    total = int(cu[-1])
+    o, do = (torch.randn(total, H, D, device=DEV) for _ in range(2))
+    do = do.transpose(0, 1).contiguous().transpose(0, 1)                  # strides of its own
+    lse = torch.randn(H, total, device=DEV) * 30
+    plan = P.plan(len(lens), H, max(lens), max(lens), D, torch.float32, True, variant=P.Variant(varlen=True))
+    delta, lse_p = backward_v6.padded_rows(plan, o, do, lse, cu)
+    pad = backward_v6.PAD
+    assert delta.shape == lse_p.shape == (H, total + len(lens) * pad)
+    want_d = torch.zeros_like(delta)
+    want_l = torch.full_like(lse_p, float("inf"))
+    for b, n in enumerate(lens):
+        q0 = int(cu[b])
+        want_d[:, q0 + b * pad:q0 + b * pad + n] = (o[q0:q0 + n] * do[q0:q0 + n]).sum(-1).T
+        want_l[:, q0 + b * pad:q0 + b * pad + n] = lse[:, q0:q0 + n]
+    torch.testing.assert_close(delta, want_d, rtol=1e-5, atol=1e-4)
+    assert torch.equal(lse_p, want_l)
