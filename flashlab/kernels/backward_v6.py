@@ -32,7 +32,14 @@ H200 ran: 828 instructions a tile with 30 local stores and 34 loads; the loop wi
 13, as the non-causal loop; a consumer's 240 registers hold dK and dV, 128 of them, beside S^T and dP^T).
 Triton 3.9's build spills otherwise (its loop without the mask: 0-16 stores and 43-54 loads a tile, the
 non-causal loop 3-4 and 12-31) and has not been timed.
-Causal grids run longest first by sections of heads (tiles.head_group).
+Causal grids run longest first by sections of heads (tiles.head_group).  A step's Q tile, (first + i) mod n_iter
+from the program's first, is first + i less n_iter once past the wrap (first < n_iter, i < n_iter): a remainder by
+a runtime value cost each step about 30 instructions of both consumers' loops (sm_90, triton 3.6: causal 665 / 637
+-> 636 / 615 a step; ptxas then spills differently, 13 / 12 local loads a step -> 29 / 30).  The backward kernel
+alone on the H200, bf16, D 128 (docs/BENCHMARKS.md, 2026-12-05, second entry): causal B 8 x 2048, 865 -> 830 us;
+8 packed documents of 2048, 960 -> 885; GQA 32 / 8 causal B 2 x 8192, 6,075 -> 5,792; non-causal B 4 x 4096,
+2,833 -> 2,757; a window of 1024 (forced), 1,173 -> 1,144.  Walking a window's two edges first, then its inside
+(two loops, as causal's, not three) compiled to fewer local stores but ran slower (1,290-1,296 us).
 
 **The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap, dropout, packed sequences), constexpr
 branches that leave the plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a
@@ -198,7 +205,8 @@ if AVAILABLE:
         for i in range(n_iter):
             it = base + i
             st = it % STAGES
-            row0 = (m_lo + (first + i) % n_iter) * BLOCK_M
+            t = first + i
+            row0 = (m_lo + gl.where(t >= n_iter, t - n_iter, t)) * BLOCK_M     # (first + i) % n_iter
             mbarrier.wait(qdo_empty.index(st), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
             mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
             _tma_load(q_desc, [off_b, off_h, q0 + row0, 0], q_ready.index(st), q_smem.index(st))
@@ -263,7 +271,8 @@ if AVAILABLE:
             ph = (it // STAGES) & 1
             b = it % 2
             phb = (it // 2) & 1
-            row0 = (m_lo + (first + i) % n_iter) * BLOCK_M
+            t = first + i
+            row0 = (m_lo + gl.where(t >= n_iter, t - n_iter, t)) * BLOCK_M     # (first + i) % n_iter
             rows = row0 + offs_m
             if VARLEN:   # rows past the sequence (the next one's Q, dO) read the padding: LSE = +inf, so P = dS = 0
                 lse2 = gl.load(lse_base + rows * stride_lm) * 1.4426950408889634
