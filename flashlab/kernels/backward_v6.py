@@ -77,7 +77,8 @@ in forward v6) measured as fast in backward v5, which is deterministic, and runs
   LSE and Delta come in padded rows (padded_rows: each sequence's rows followed by 64 of LSE = +inf, Delta = 0),
   so the loops load them without a mask and the sequence's length, a loaded value, is not live in them (ncu: the
   packed kernel made 13.3 million local-memory requests against the dense kernel's 7.5): 643 / 637, 14 / 11,
-  19 / 19 causal.
+  19 / 19 causal; the packed kernel on an H100 (8 documents of 2048, H 16), 1,103 -> 982 us (docs/BENCHMARKS.md,
+  2026-12-05, second entry).
 
 Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
 backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x
