@@ -269,10 +269,11 @@ def _drop(bug=None):
                     z = stored[i0, j0]
                 else:
                     z = keep(rows, cols)
+                z_kept = z
                 z = z * {"no 1/(1-p)": 1.0, "* (1 - p)": 1 - p, "/ (1 - p)^2": 1 / (1 - p) ** 2}.get(bug, 1 / (1 - p))
                 P = np.exp((1.0 if bug == "P unscaled" else sc) * qi @ kj.T - lse[i0:i0 + block_q, None])
                 dv[j0:j0 + block_k] += (P.T if bug == "dV undropped" else (P * z).T) @ doi
-                dp = doi @ vj.T if bug == "dP undropped" else (doi @ vj.T) * z
+                dp = doi @ vj.T if bug == "dP undropped" else (doi @ vj.T) * (z_kept if bug == "dP not rescaled" else z)
                 ds = P * (dp - delta[i0:i0 + block_q, None]) * (z if bug == "dS dropped" else 1)
                 g = 1.0 if bug == "grads unscaled" else sc
                 dq[i0:i0 + block_q] += g * ds @ kj
@@ -318,6 +319,7 @@ DROPOUT_WRONG = [
     (_drop("/ (1 - p)^2"), "scaled by (1 - p) or by 1 / (1 - p)^2"),
     (_drop("dP undropped"), "the mask applied to dV but not to dP"),
     (_drop("dV undropped"), "the mask applied to dP but not to dV"),
+    (_drop("dP not rescaled"), "dP masked but not scaled by 1 / (1 - p)"),
     (_drop("dS dropped"), "the mask applied again to dS"),
     (_drop("keep(cols, rows)"), "keep(cols, rows)"),
     (_drop("tile-local indices"), "each tile's own indices"),
@@ -369,6 +371,71 @@ def test_a_named_bug_is_never_a_wrong_diagnosis():
         assert len(set(titles)) == len(titles), name
     r = str(grade("gqa_head_map", _gqa(lambda h, H, Hk: h % (H // Hk), _GRP)))
     assert "h % G" in r and "h // H_kv instead" not in r, r
+
+
+# ----------------------------------------------------------------------------------------- feedback details
+
+def test_dropout_cases_show_p():
+    """Each dropout case line says its p: the p = 0 case, which every mask bug passes, shows why."""
+    cases = EXERCISES["dropout_backward"].make_cases(np.random.default_rng(0))
+    assert all(f"p={c.params['p']}" in c.describe() for c in cases)
+    assert any("p=0.0," in c.describe() for c in cases)
+    r = str(grade("dropout_backward", _drop("tile-local indices")))     # right at p = 0 only
+    assert re.search(r"✅ hidden case \d+ +Nq=37, Nk=37, D=16, p=0\.0,", r), r
+
+
+def test_dp_not_rescaled_is_only_a_bug_where_p_is_positive():
+    ex = EXERCISES["dropout_backward"]
+    bug = next(b for b in ex.bugs if b.key == "dp_not_rescaled")
+    for c in ex.make_cases(np.random.default_rng(1)):
+        out, ref = bug.outputs(c), ex.reference(c)
+        if c.params["p"] == 0:
+            assert out is None
+        else:
+            assert any(np.abs(out[k] - ref[k]).max() > ex.tolerance(c, k, ref[k]) for k in ref)
+
+
+def _window_unclamped(t, bm, bn, nk, left, right):
+    """lo and hi right, full_lo and full_hi computed but never clamped into [lo, hi]."""
+    lo, _, _, hi = _bounds(t, bm, bn, nk, left, right)
+    if hi == 0:
+        return 0, 0, 0, 0
+    flo = -(-max(t * bm + bm - 1 - _b(left), 0) // bn) * bn
+    return lo, flo, min(t * bm + _b(right) + 1, nk) // bn * bn, hi
+
+
+def test_window_and_gqa_hints_point_somewhere():
+    """No 'equations above the exercise' (their cells have none): an unclamped run is told to clamp, a broken
+    contract gets no hint beside its own line, a wrong answer no known bug explains the exercise's own hint."""
+    r = str(grade("window_tile_bounds", _window_unclamped))
+    assert r.startswith("FAILED") and "Hint:" not in r, r
+    assert ("a band narrower than block_m + block_n - 1 has no unmasked tile: clamp full_lo into [lo, hi] and "
+            "full_hi into [full_lo, hi]") in r, r
+    r = str(grade("window_tile_bounds", lambda t, bm, bn, nk, l, r: _bounds(t, bm, bn, nk, r, l)))  # left/right swapped
+    assert r.startswith("FAILED") and "equations above" not in r, r
+    assert "Hint: Work the failing Q tile out by hand" in r, r
+    r = str(grade("gqa_head_map", _gqa(lambda h, H, Hk: (h + 1) // (H // Hk) % Hk, _GRP)))
+    assert r.startswith("FAILED") and "equations above" not in r and "Hint: Write kv_head and group out by hand" in r, r
+
+
+def test_two_window_slips_are_not_reported_as_one():
+    """Both edges bound by the wrong row: the bug named is one of several; one slip alone is not said to be."""
+    both = lambda t, bm, bn, nk, l, r: _bounds(t, bm, bn, nk, l, r, flo_off=-(bm - 1), fhi_off=bm - 1)  # noqa: E731
+    r = str(grade("window_tile_bounds", both))
+    assert "This looks like a known bug (one of possibly several:" in r, r
+    for spec in ("first row binds left", "last row binds right"):
+        r = str(grade("window_tile_bounds", _window_attempt(spec)))
+        assert "This looks like a known bug, " in r and "possibly several" not in r, r
+
+
+def test_window_locate_stays_inside_the_keys_and_rows():
+    ex = EXERCISES["window_tile_bounds"]
+    case = next(c for c in ex.make_cases(np.random.default_rng(0)) if c.params["nk"] == 18)     # block_n = 64
+    where = ex.locate(case, "stage", (0, 0))
+    assert "keys 0 to 17)" in where and "rows 0 to 15)" in where, where
+    case = next(c for c in ex.make_cases(np.random.default_rng(0)) if c.params["nq"] == 129)    # block_m = 128
+    where = ex.locate(case, "stage", (1, 4))
+    assert "rows 128 to 128; taken as full, to row 255)" in where and "keys 128 to 128)" in where, where
 
 
 # ----------------------------------------------------------------------------------------- notebook 08's record

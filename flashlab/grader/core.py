@@ -29,7 +29,7 @@ class Case:
         bits = []
         if "causal" in p:
             bits.append("causal" if p["causal"] else "non-causal")
-        for key in ("B", "H", "R", "C", "N", "Nq", "Nk", "D", "block_size", "block_q", "block_k"):
+        for key in ("B", "H", "R", "C", "N", "Nq", "Nk", "D", "p", "block_size", "block_q", "block_k"):
             if key in p:
                 bits.append(f"{key}={p[key]}")
         if "dtype" in p:
@@ -75,12 +75,19 @@ class Exercise:
     check: Callable | None = None       # check(case, {name: Recorder}) -> violations, from the reads served
     timing: object | None = None        # how the leaderboard times a passing candidate (grader.ranking.Timing)
     module: str = ""                    # the registering module (set by the registry)
+    hint: str = ""                      # said when nothing more specific applies (default: GENERIC_HINT)
+    bugs_exact: bool = False            # a named bug's outputs are exact wherever it gives them (plain Python, float64
+                                        # formulas): a failing case that is not its output shows a second mistake
 
     def __post_init__(self):
         if not self.module:
             import sys
             frame = sys._getframe(2)    # the module that declared it (through the dataclass __init__)
             self.module = frame.f_globals.get("__name__", "")
+
+
+GENERIC_HINT = ("Compare your code with the equations above the exercise, line by line, on the failing case's "
+                "sizes.")
 
 
 def _errors(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -235,6 +242,13 @@ def diagnose(ex: Exercise, case: Case, out: dict, ref: dict, passed=()):
     return None
 
 
+def _contradicts(ex: Exercise, bug: Bug, case: Case, out: dict, ref: dict) -> bool:
+    """Whether the bug says what its output on this case is (it may not: e.g. a dropout bug at p = 0) and the
+    candidate's wrong output is not that: then the candidate has another mistake besides."""
+    alts = _alternatives(bug, case, ref)
+    return bool(alts) and not any(_differs(ex, case, a, ref) and _matches(out, a, ex, case) for a in alts)
+
+
 def _explains(prop, results, cases) -> bool:
     """Whether a property of the cases (causal, ragged, large logits) explains the failures: every failing
     case has it, at least two thirds of the cases that have it fail, and at least two cases without it
@@ -354,6 +368,7 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
 
     hidden_no = 0
     failures, passed = [], []          # (case, out, ref) of the wrong answers; cases with right values
+    malformed = 0                      # cases whose outputs broke the contract (type, shape, ...): no values to compare
     stopped, probed = None, False
     for n_case, case in enumerate(cases):
         if case.visible:
@@ -389,6 +404,7 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
                 typed = _check_types(ex, out, ref) is None
                 if typed and max_err > 0:
                     failures.append((case, out, ref))
+                malformed += not typed
                 if (ex.probe is not None and typed and not probed and not out.get("_stray") and max_err > 0):
                     probed = True
                     probe = execute("probe", case)
@@ -421,7 +437,13 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
         elif case_result.status == "fail" and said not in result.hints:
             result.hints.append(said)
     if diagnosed is not None:
-        result.hints.append(f"This looks like a known bug, {diagnosed.title}: {diagnosed.hint}")
+        several, other = "", 0
+        if ex.bugs_exact:   # cases failing otherwise (not as the bug would, broken contract, raising): two mistakes
+            other = (sum(_contradicts(ex, diagnosed, *f) for f in failures) + malformed
+                     + sum(c.status in ("error", "crash") for c in result.cases))
+        if other:
+            several = f" (one of possibly several: {other} failing case{'s fail' if other > 1 else ' fails'} otherwise)"
+        result.hints.append(f"This looks like a known bug{several}, {diagnosed.title}: {diagnosed.hint}")
     elif plain:   # the symptoms of the other cases (a precision case's inf says nothing about masks or strides)
         result.hints += symptom_hints(ex, [r for r, _ in plain], [c for _, c in plain])
     if stopped:
@@ -439,7 +461,6 @@ def grade(ex: Exercise, candidate=None, seed: int | None = None, *, execute=None
         result.hints.append("Your code did not run to the end on some cases: fix the first error shown"
                             + (" (the lines above are from your code, the last one is where it failed)"
                                if shown else "") + " and grade again.")
-    if not result.passed and not result.hints:
-        result.hints.append("Compare your code with the equations above the exercise, line by line, "
-                            "on the failing case's sizes.")
+    if failures and not result.hints:   # (a broken contract already says what is wrong: nothing to add)
+        result.hints.append(ex.hint or GENERIC_HINT)
     return result

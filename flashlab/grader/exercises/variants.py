@@ -33,7 +33,7 @@ from .. import requirements as Rq
 from ..core import Bug, Case, Exercise
 from . import register
 
-_PY = dict(timeout=60.0, budget=100.0, notebook="08")
+_PY = dict(timeout=60.0, budget=100.0, notebook="08", bugs_exact=True)   # the bugs' outputs exact: two slips show
 
 
 def _exact(case, name, ref):
@@ -103,8 +103,12 @@ def _stage_map(fn, case, watch=False):
         if hi == 0 and lo == flo == fhi == 0:
             continue
         if not (0 <= lo <= flo <= fhi <= hi <= nk):
+            why = ""
+            if 0 <= lo <= hi <= nk:             # lo and hi fine: the unmasked run's edges are not clamped
+                why = ("; a band narrower than block_m + block_n - 1 has no unmasked tile: " if flo > fhi else
+                       "; ") + "clamp full_lo into [lo, hi] and full_hi into [full_lo, hi]"
             problems.append(f"Q tile {t}: got (lo, full_lo, full_hi, hi) = {(lo, flo, fhi, hi)}; they must satisfy "
-                            f"0 <= lo <= full_lo <= full_hi <= hi <= nk = {nk} (or be (0, 0, 0, 0) for no key)")
+                            f"0 <= lo <= full_lo <= full_hi <= hi <= nk = {nk} (or be (0, 0, 0, 0) for no key)" + why)
             break
         if (lo % bn and lo != hi) or (flo % bn and flo != hi) or (fhi % bn and fhi != hi):
             problems.append(f"Q tile {t}: lo = {lo}, full_lo = {flo}, full_hi = {fhi} must be multiples of block_n "
@@ -152,13 +156,15 @@ def _window_cases(rng):
 
 
 def _window_locate(case, name, idx):
-    bm, bn = case.params["block_m"], case.params["block_n"]
+    bm, bn, nq, nk = case.params["block_m"], case.params["block_n"], case.params["nq"], case.params["nk"]
     t, u = idx[0], idx[1]
+    r1 = (t + 1) * bm - 1                   # the tile's last row, as the bounds take it (a full tile)
     want = int(_window_ref(case)["stage"][t, u])
     why = {0: "no row of the Q tile sees a key of this K tile, so it must not be loaded",
            1: "some but not all of its (row, key) pairs are visible (or it runs past Nk): it needs the mask",
            2: "every row of the Q tile sees every key of this K tile: it belongs to the unmasked stage"}[want]
-    return (f"Q tile {t} (rows {t * bm} to {(t + 1) * bm - 1}), K tile {u} (keys {u * bn} to {(u + 1) * bn - 1}) "
+    rows = f"rows {t * bm} to {min(r1, nq - 1)}" + (f"; taken as full, to row {r1}" if r1 >= nq else "")
+    return (f"Q tile {t} ({rows}), K tile {u} (keys {u * bn} to {min((u + 1) * bn, nk) - 1}) "
             f"[stage codes: 0 never loaded, 1 masked, 2 unmasked; expected {want} ({_STAGE[want]}): {why}]")
 
 
@@ -642,7 +648,7 @@ def _dropout_forward(q, k, v, p, keep):
 
 
 def _dropout_grads(case, z=None, zscale=None, delta_from=None, drop_dp=True, drop_dv=True, drop_ds=False,
-                   delta_div=1.0, scale_p=True, scale_grads=True):
+                   delta_div=1.0, scale_p=True, scale_grads=True, rescale_dp=True):
     """dQ, dK, dV of the case (the reference), or with one mistake switched on (the named bugs)."""
     i = case.inputs
     q, k, v, o, lse, do, p = i["q"], i["k"], i["v"], i["o"], i["lse"], i["do"], case.params["p"]
@@ -654,7 +660,7 @@ def _dropout_grads(case, z=None, zscale=None, delta_from=None, drop_dp=True, dro
     dv = (P * zs).T @ do if drop_dv else P.T @ do
     dp = do @ v.T
     if drop_dp:
-        dp = dp * zs
+        dp = dp * (zs if rescale_dp else z)
     delta = (do * (o if delta_from is None else delta_from)).sum(1) / delta_div
     ds = P * (dp - delta[:, None])
     if drop_ds:
@@ -771,6 +777,9 @@ DROPOUT_BUGS = [
     Bug("dp_not_dropped", "the mask applied to dV but not to dP",
         "O = (P o Z) V / (1 - p) depends on P only through the kept entries: dP = (dO V^T) o Z / (1 - p) before "
         "dS = P o (dP - Delta).", _if_dropping(lambda c: _dropout_grads(c, drop_dp=False))),
+    Bug("dp_not_rescaled", "dP masked but not scaled by 1 / (1 - p)",
+        "dP = (dO V^T) o Z / (1 - p): the same 1 / (1 - p) as in dV.",
+        _if_dropping(lambda c: _dropout_grads(c, rescale_dp=False))),
     Bug("dv_not_dropped", "the mask applied to dP but not to dV",
         "dV = (P o Z)^T dO / (1 - p): the values only receive gradient through the weights the forward kept.",
         _if_dropping(lambda c: _dropout_grads(c, drop_dv=False))),
@@ -819,7 +828,11 @@ register(Exercise(
      "No visible key: (0, 0, 0, 0)."),
     _window_cases, _window_run, _window_ref, _exact, _window_locate, WINDOW_BUGS,
     requirements=("0 <= lo <= full_lo <= full_hi <= hi <= nk", "lo, full_lo, full_hi whole K tiles",
-                  "your own code: no call of flashlab.variants (band_tile_ranges) or the grader's reference"), **_PY))
+                  "your own code: no call of flashlab.variants (band_tile_ranges) or the grader's reference"),
+    hint=("Work the failing Q tile out by hand with the case's numbers: which keys its first row r0 and its last row "
+          "r0 + block_m - 1 see; lo is the start of the K tile holding the first key any row sees, hi one past the "
+          "last; full_lo and full_hi bound the K tiles lying wholly inside both rows' ranges. Then compare with what "
+          "your function returns for that tile."), **_PY))
 
 register(Exercise(
     "gqa_head_map",
@@ -829,7 +842,9 @@ register(Exercise(
     _gqa_cases, _gqa_run, lambda c: _gqa_collect(_gqa_ref_fn, c), _exact,
     lambda case, name, idx: (f"query head {idx[0]}" if name == "kv_head" else f"K/V head {idx[0]}, entry {idx[1]}"),
     GQA_BUGS, requirements=("kv_head and group agree: group[hk] lists exactly the query heads h with "
-                            "kv_head[h] == hk, in increasing order",), **_PY))
+                            "kv_head[h] == hk, in increasing order",),
+    hint=("Write kv_head and group out by hand for the failing case's H and H_kv (G = H // H_kv query heads per K/V "
+          "head, consecutive ones sharing it) and compare them with yours, head by head."), **_PY))
 
 register(Exercise(
     "varlen_program_map",
