@@ -194,4 +194,4 @@ def test_tensor_fixpoint_is_not_quadratic():
         clean.extract(_nb(PRE + "def softmax(x, y):\n" + body + "grade('softmax_kernel', softmax)\n"), "softmax_kernel")
     except clean.Refused:
         pass
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 6.0      # about 0.5 s alone; 2.2 s seen on a machine busy with other tests
