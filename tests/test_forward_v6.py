@@ -1,5 +1,6 @@
 """Forward v6 (FlashAttention-3's warp specialisation in Gluon, Hopper only): where the plan runs it, that it
 compiles for sm_90 with this Triton (no GPU needed), and on an sm_90 GPU its accuracy against float64."""
+import inspect
 import json
 import math
 import os
@@ -94,6 +95,60 @@ def compile_in_child(code: str, causal: bool) -> dict:
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def check_launch_arguments(kern, args, consts: dict) -> dict:
+    """A Gluon kernel's launch as a launcher builds it, checked against the kernel's signature without a GPU: one
+    positional argument per parameter that is not a constexpr (in order: they come first), each ``*_desc`` a TMA
+    descriptor, every other a tensor or a number, and every constexpr without a default named.  Returns the arguments
+    by name."""
+    params = kern.params
+    n_args = sum(not p.is_constexpr for p in params)
+    assert all(not p.is_constexpr for p in params[:n_args]), "the constexprs come last"
+    assert len(args) == n_args, (len(args), [p.name for p in params[:n_args]])
+    named = {p.name: a for p, a in zip(params, args)}
+    for name, a in named.items():
+        if name.endswith("_desc"):
+            assert type(a).__name__ == "TensorDescriptor", (name, type(a))
+        else:
+            assert isinstance(a, (torch.Tensor, int, float)) and not isinstance(a, bool), (name, type(a))
+    defaults = {p.name for p in params[n_args:] if p._param.default is not inspect.Parameter.empty}
+    missing = {p.name for p in params[n_args:]} - set(consts) - defaults
+    assert not missing, missing
+    return named
+
+
+@needs_gluon
+@pytest.mark.parametrize("kind", ["causal", "window, gqa", "packed, window"])
+def test_launch_passes_the_kernel_its_arguments(kind, monkeypatch):
+    """Without a GPU, the launcher up to the kernel: the launch it would make (descriptors, strides, the variant's
+    scalars, the grid) matches flash_fwd_kernel_v6's signature, with the plan's stages and grid; a window on a
+    persistent grid of at most one program a multiprocessor."""
+    seen = []
+    monkeypatch.setattr(forward_v6.tiles, "launch_cached", lambda kern, grid, args, consts, runners, key:
+                        seen.append((kern, grid, args, consts)))
+    H, D, f16, H200 = 4, 128, torch.float16, P.SIMULATED["h200"]
+    if kind.startswith("packed"):
+        cu = torch.tensor([0, 700, 900, 2300], dtype=torch.int32)
+        q, k, v, o = (torch.randn(2300, H, D, dtype=f16) for _ in range(4))
+        lse = torch.empty(H, 2300)
+        plan = P.plan(3, H, 1400, 1400, D, f16, True, variant=P.Variant(varlen=True, window=(300, 0)), facts=H200)
+        extra = dict(cu_q=cu, cu_k=cu)
+    else:
+        var = P.Variant(kv_groups=2, window=(300, 0)) if kind.startswith("window") else P.Variant()
+        q, o = (torch.randn(2, H, 2100, D, dtype=f16) for _ in range(2))
+        k, v = (torch.randn(2, H // var.kv_groups, 2100, D, dtype=f16) for _ in range(2))
+        lse = torch.empty(2, H, 2100)
+        plan = P.plan(2, H, 2100, 2100, D, f16, True, variant=var, facts=H200)
+        extra = {}
+    assert plan.fwd_version == "v6"
+    forward_v6.launch(plan, q, k, v, o, lse, 0.1, **extra)
+    (kern, grid, args, consts), = seen
+    named = check_launch_arguments(kern, args, consts)
+    step = plan.forward[0]
+    assert consts["STAGES"] == step.config.num_stages and grid == step.grid
+    assert consts["PERSIST"] == ("window" in kind) and (grid[0] <= H200.sms) == consts["PERSIST"]
+    assert named["H"] == H and named["KV_GROUP"] == plan.variant.kv_groups and consts["VARLEN"] == ("packed" in kind)
 
 
 COMPILE = """
