@@ -1,6 +1,5 @@
 """Forward v6 (FlashAttention-3's warp specialisation in Gluon, Hopper only): where the plan runs it, that it
 compiles for sm_90 with this Triton (no GPU needed), and on an sm_90 GPU its accuracy against float64."""
-import inspect
 import json
 import math
 import os
@@ -112,7 +111,7 @@ def check_launch_arguments(kern, args, consts: dict) -> dict:
             assert type(a).__name__ == "TensorDescriptor", (name, type(a))
         else:
             assert isinstance(a, (torch.Tensor, int, float)) and not isinstance(a, bool), (name, type(a))
-    defaults = {p.name for p in params[n_args:] if p._param.default is not inspect.Parameter.empty}
+    defaults = {p.name for p in params[n_args:] if p.has_default}
     missing = {p.name for p in params[n_args:]} - set(consts) - defaults
     assert not missing, missing
     return named
