@@ -1,5 +1,5 @@
-"""Attention variants on a GPU: flashlab (the plan's versions: forward / backward v6 for GQA, soft-cap, dropout and packed
-documents, forward v6 for a window, on an sm_90 GPU at D = 128; forward v4 / backward v5 otherwise) beside
+"""Attention variants on a GPU: flashlab (the plan's versions: forward / backward v6 for GQA, soft-cap, dropout, packed
+documents and a window, on an sm_90 GPU at D = 128; forward v4 / backward v5 otherwise) beside
 FlexAttention and SDPA.
 
     python -m flashlab bench --variants [gqa,window,...] [--json out.json] [--no-check]

@@ -7,7 +7,8 @@ Every backward is forced into v6 (a window's too, which the plan runs in v5).  T
 dense non-causal B 4 x 4096, 8 packed documents of 2048 (causal), a window of 1024 (B 1 x 16384, causal), GQA 32 / 8
 causal B 2 x 8192; H 16 but GQA's.  The checks (gradients against float32 attention, relative to the largest
 entry, < 2e-2): windows (300, 0) causal, (200, 77) Nq < Nk, (-1, 130) MQA, (100, 4) with rows that see no key,
-(1023, 0) causal; GQA causal; non-causal Nq < Nk.  --whole: also the whole backward call (do_bench, median).
+(1023, 0) causal; GQA causal; non-causal Nq < Nk.  --whole: also the whole backward call (do_bench, median);
+--all-kernels: every kernel of each call (the JSON always holds them), to see where the time outside the kernel goes.
 """
 import argparse
 import json
@@ -89,6 +90,7 @@ def main():
     ap.add_argument("tag")
     ap.add_argument("out")
     ap.add_argument("--whole", action="store_true")
+    ap.add_argument("--all-kernels", action="store_true", help="print every kernel of each call, not only the backward's")
     a = ap.parse_args()
     plan = P.plan
     P.plan = lambda *args, **kw: plan(*args, **dict(kw, backward_version="v6"))
@@ -106,15 +108,21 @@ def main():
             for _ in range(20):
                 torch.autograd.grad(o, xs, do, retain_graph=True)
             torch.cuda.synchronize()
-        kern = sum(e.device_time_total for e in prof.events()
-                   if e.device_type.name == "CUDA" and e.name.startswith("flash_bwd_kernel")) / 20
-        res[name] = {"kernel_us": kern}
+        every = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                every[e.name] = every.get(e.name, 0.0) + e.device_time_total / 20
+        kern = sum(t for n, t in every.items() if n.startswith("flash_bwd_kernel"))
+        res[name] = {"kernel_us": kern, "every_kernel_us": every}
         line = f"{a.tag} {name:22s} bwd kernel {kern:8.1f} us"
         if a.whole:
             res[name]["whole_us"] = 1000 * do_bench(lambda: torch.autograd.grad(o, xs, do, retain_graph=True),
                                                     warmup=25, rep=100, return_mode="median")
             line += f"   whole call {res[name]['whole_us']:8.1f} us"
         print(line, flush=True)
+        if a.all_kernels:
+            for n, t in sorted(every.items(), key=lambda x: -x[1]):
+                print(f"{a.tag}     {t:8.1f} us  {n[:110]}", flush=True)
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=1)
 

@@ -11,7 +11,7 @@ from flashlab.kernels import backward_v6, launch_backward, version_op
 from flashlab.kernels import plan as P
 from flashlab.kernels.tiles import C
 
-from test_forward_v6 import compile_in_child
+from test_forward_v6 import check_launch_arguments, compile_in_child
 
 DEV = device.DEVICE
 needs_gluon = pytest.mark.skipif(not backward_v6.AVAILABLE, reason="this Triton has no Gluon warp specialisation")
@@ -40,6 +40,66 @@ def test_forced_backward_v6_is_one_kernel_after_delta():
     assert [s.kind for s in p.backward] == ["pre", "bwd"]
     assert p.backward[1].config == C(64, 128, 4, 2)
     assert p.backward[1].grid_for(p.backward[1].config) == (32 * 16,)    # cdiv(4000, 128) K tiles x B * H
+
+
+def _rows_read(desc, row: int, col: int) -> torch.Tensor:
+    """What the kernel's TMA copy of a Q tile's LSE or Delta gives: 64 floats of row ``row`` from column ``col``,
+    zeros past the descriptor's width."""
+    assert desc.block_shape == [1, 64] and desc.strides[-1] == 1 and desc.strides[0] % 4 == 0   # 16-byte rows
+    got = desc.base[row, col:min(col + 64, desc.shape[1])]
+    return torch.cat([got, torch.zeros(64 - got.numel(), dtype=got.dtype)])
+
+
+@needs_gluon
+@pytest.mark.parametrize("kind", ["causal", "window, gqa", "packed"])
+def test_launch_passes_the_kernel_its_arguments(kind, monkeypatch):
+    """Without a GPU, the launcher up to the kernel: the launch (descriptors, strides, the variant's scalars) matches
+    flash_bwd_kernel_v6's signature, with the plan's stages; and every Q tile's LSE and Delta, copied as the producer
+    does (row b H + h, columns from the tile's first row; a packed sequence's: row h, from packed_start), are
+    that tile's rows (Delta = rowsum(dO o O)) where they are the call's, and zeros (dense) or LSE = +inf, Delta = 0
+    (packed) past them."""
+    seen = []
+    monkeypatch.setattr(backward_v6.tiles, "launch_cached", lambda kern, grid, args, consts, runners, key:
+                        seen.append((kern, grid, args, consts)))
+    H, D, f16 = 4, 128, torch.float16
+    packed = kind == "packed"
+    if packed:
+        cu = torch.tensor([0, 700, 770, 2300], dtype=torch.int32)
+        q, k, v, o, do = (torch.randn(2300, H, D, dtype=f16) for _ in range(5))
+        lse = torch.randn(H, 2300)
+        plan = P.plan(3, H, 1530, 1530, D, f16, True, variant=P.Variant(varlen=True), facts=H200,
+                      backward_version="v6")
+        extra = dict(cu_q=cu, cu_k=cu)
+    else:
+        var = P.Variant(kv_groups=2, window=(300, 0)) if kind.startswith("window") else P.Variant()
+        q, o, do = (torch.randn(2, H, 2099, D, dtype=f16) for _ in range(3))     # rows of 2099 floats: padded
+        k, v = (torch.randn(2, H // var.kv_groups, 2099, D, dtype=f16) for _ in range(2))
+        lse = torch.randn(2, H, 2099)
+        plan = P.plan(2, H, 2099, 2099, D, f16, True, variant=var, facts=H200, backward_version="v6")
+        extra = {}
+    assert plan.bwd_version == "v6"
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    backward_v6.launch(plan, q, k, v, o, lse, do, dq, dk, dv, 0.1, **extra)
+    (kern, grid, args, consts), = seen
+    named = check_launch_arguments(kern, args, consts)
+    assert consts["STAGES"] == plan.backward[1].config.num_stages and consts["VARLEN"] == packed
+    assert named["H"] == H and consts["KV_GROUP"] == plan.variant.kv_groups
+    lse_d, delta_d = named["lse_desc"], named["delta_desc"]
+    assert lse_d.block_shape == delta_d.block_shape == [1, 64]
+    for b in range(plan.B):
+        q0, n = (int(cu[b]), int(cu[b + 1] - cu[b])) if packed else (0, plan.Nq)
+        for h in range(H):
+            for row0 in range(0, n, 64):
+                rows = slice(q0 + row0, q0 + min(row0 + 64, n))
+                m = rows.stop - rows.start
+                at = (h, backward_v6.packed_start(q0, b) + row0) if packed else (b * H + h, row0)
+                assert at[1] % 4 == 0          # a TMA copy's innermost coordinate: 16-byte aligned, or it faults
+                want_l = lse[h, rows] if packed else lse[b, h, row0:row0 + m]
+                oo, dd = (t[rows, h] if packed else t[b, h, row0:row0 + m] for t in (o, do))
+                got_l, got_d = _rows_read(lse_d, *at), _rows_read(delta_d, *at)
+                assert torch.equal(got_l[:m], want_l), (b, h, row0)
+                torch.testing.assert_close(got_d[:m], (oo.float() * dd.float()).sum(-1), rtol=1e-4, atol=1e-3)
+                assert (got_l[m:] == (float("inf") if packed else 0)).all() and (got_d[m:] == 0).all()
 
 
 COMPILE = """
@@ -142,11 +202,12 @@ def test_gpu_backward_v6_refuses_other_tiles_and_takes_empty_calls():
     assert (g[0] == 0).all()
 
 
-@pytest.mark.parametrize("lens", [(70, 0, 5, 130), (64,), (1, 128, 63)])
+@pytest.mark.parametrize("lens", [(70, 0, 5, 130), (64,), (1, 128, 63), (3, 2, 1, 7)])
 def test_padded_rows_of_a_packed_call(lens):
-    """Backward v6's LSE and Delta for packed sequences (the interpreter runs their kernel): sequence b's rows at
-    q0 + b * PAD, then PAD rows of LSE = +inf and Delta = 0, every entry written; the forward's LSE and
-    rowsum(dO * O) where the rows are."""
+    """Backward v6's LSE and Delta for packed sequences (the interpreter runs their kernel): sequence b's rows from
+    packed_start(q0, b) on, a multiple of 4 columns (its TMA copies' first column must be 16-byte aligned), then PAD
+    rows of LSE = +inf and Delta = 0, without overlapping the next sequence's; the forward's LSE and rowsum(dO * O)
+    where the rows are; rows of a multiple of 4 floats."""
     H, D = 3, 128 if DEV.type == "cuda" else 32
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
     total = int(cu[-1])
@@ -156,12 +217,12 @@ def test_padded_rows_of_a_packed_call(lens):
     plan = P.plan(len(lens), H, max(lens), max(lens), D, torch.float32, True, variant=P.Variant(varlen=True))
     delta, lse_p = backward_v6.padded_rows(plan, o, do, lse, cu)
     pad = backward_v6.PAD
-    assert delta.shape == lse_p.shape == (H, total + len(lens) * pad)
-    want_d = torch.zeros_like(delta)
-    want_l = torch.full_like(lse_p, float("inf"))
+    assert delta.shape == lse_p.shape and delta.stride() == lse_p.stride() and delta.stride(0) % 4 == 0
+    ends = []
     for b, n in enumerate(lens):
-        q0 = int(cu[b])
-        want_d[:, q0 + b * pad:q0 + b * pad + n] = (o[q0:q0 + n] * do[q0:q0 + n]).sum(-1).T
-        want_l[:, q0 + b * pad:q0 + b * pad + n] = lse[:, q0:q0 + n]
-    torch.testing.assert_close(delta, want_d, rtol=1e-5, atol=1e-4)
-    assert torch.equal(lse_p, want_l)
+        q0, c = int(cu[b]), backward_v6.packed_start(int(cu[b]), b)
+        assert c % 4 == 0 and all(c >= e for e in ends) and c + n + pad <= delta.shape[1]
+        ends.append(c + n + pad)
+        torch.testing.assert_close(delta[:, c:c + n], (o[q0:q0 + n] * do[q0:q0 + n]).sum(-1).T, rtol=1e-5, atol=1e-4)
+        assert torch.equal(lse_p[:, c:c + n], lse[:, q0:q0 + n])
+        assert (delta[:, c + n:c + n + pad] == 0).all() and (lse_p[:, c + n:c + n + pad] == float("inf")).all()

@@ -196,7 +196,7 @@ V5_BWD = {64: (C(32, 64, 4, 3), C(64, 32, 4, 3)), 128: (C(64, 128, 8, 3), C(128,
 @pytest.mark.parametrize("dtype", [fp16, fp32])
 def test_variant_choices_on_a_t4_an_l4_and_an_h200(facts, D, dtype):
     """Variants plan forward v4 / backward v5 with hand-picked tiles that fit (on the H200: V4_FWD, V5_BWD), the
-    dK/dV grid over the K/V heads, except GQA and soft-cap where v6 runs (the H200 at D = 128, fp16 / bf16); the
+    dK/dV grid over the K/V heads, except GQA, windows and soft-cap where v6 runs (the H200 at D = 128, fp16 / bf16); the
     same shape without a feature keeps the plain choice."""
     B, H, N = 2, 32, 8192
     plain = P.plan(B, H, N, N, D, dtype, True, facts=facts)
@@ -204,10 +204,7 @@ def test_variant_choices_on_a_t4_an_l4_and_an_h200(facts, D, dtype):
                 mask="bool", dropout=True), P.Variant(varlen=True, window=(-1, 64))):
         p = P.plan(B, H, N, N, D, dtype, True, variant=var, facts=facts)
         v6_here = facts is P.H200 and dtype == fp16 and D == 128 and P.forward_v6.AVAILABLE
-        if v6_here and var.features() <= P.V6_PLANNED_FORWARD and not var.features() <= P.V6_PLANNED:   # windows
-            assert (p.fwd_version, p.bwd_version) == ("v6", "v5"), (var, p)
-            continue
-        if v6_here and var.features() <= P.V6_PLANNED:   # GQA (and soft-cap): v6's constexpr branches
+        if v6_here and var.features() <= P.V6_PLANNED:   # GQA, a window (and soft-cap): v6's constexpr branches
             assert (p.fwd_version, p.bwd_version) == ("v6", "v6"), (var, p)
             assert [s.kernel for s in p.forward + p.backward] == ["fwd v6", "preprocess", "bwd v6"]
             assert p.backward[1].grid == (-(-N // 128) * B * (H // var.kv_groups),)    # a program per K/V head's tile

@@ -41,10 +41,24 @@ alone on the H200, bf16, D 128 (docs/BENCHMARKS.md, 2026-12-05, second entry): c
 2,833 -> 2,757; a window of 1024 (forced), 1,173 -> 1,144.  Walking a window's two edges first, then its inside
 (two loops, as causal's, not three) compiled to fewer local stores but ran slower (1,290-1,296 us).
 
+**LSE and Delta through shared memory.**  The producer copies each step's 64 rows of LSE with Q_i and of Delta with
+dO_i (TMA, on the same barriers: 16,640 bytes a stage each; (B * H, Nq) float32, a copy with rows padded to 16 bytes
+where Nq is not a multiple of 4, _rows), and a consumer reads LSE once S^T is done and Delta once dP^T is.  Loaded
+from global memory at the step's start, they held 32 registers a thread through both products' waits beside dK and
+dV's 128, and ptxas spilled.  A step of each consumer's loop without the mask, instructions (local stores, loads),
+sm_90, triton 3.6, before -> after: causal 636 / 615 (7 / 5, 29 / 30) -> 458 / 456 (0 / 0, 1 / 1); non-causal
+610 / 607 (10 / 7, 17 / 11) -> 441 / 442 (none); GQA 4 639 / 629 -> 470 / 463 (0 / 0, 1 / 4); packed, causal
+582 / 564 (11 / 6, 33 / 32) -> 460 / 455 (0 / 0, 4 / 2); soft-cap 1,030 / 1,011 (29 / 27, 51 / 52) -> 816 / 811
+(0 / 0, 1 / 2); dropout 834 / 800 (14 / 9, 41 / 39) -> 639 / 632 (0 / 0, 2 / 3); a window's inside 668 / 686
+(15 / 22, 48 / 58) -> 500 / 504 (6 / 7, 10 / 11).  The kernel alone on an H100 (docs/BENCHMARKS.md, 2026-12-05,
+fifth entry): causal B 8 x 2048, 855 -> 753 us; non-causal B 4 x 4096, 2,795 -> 2,353; 8 packed documents of 2048,
+916 -> 760; a window of 1024, 1,196 -> 839; GQA 32 / 8 causal B 2 x 8192, 5,834 -> 4,943.
+
 **The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap, dropout, packed sequences), constexpr
 branches that leave the plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a
-tile).  The plan runs GQA, soft-cap, dropout and packed sequences here (plan.V6_PLANNED); a window (whose forward runs
-in forward v6) measured as fast in backward v5, which is deterministic, and runs there unless a caller forces v6:
+tile).  The plan runs all of them here (plan.V6_PLANNED); a window since LSE and Delta come through shared memory
+(above: 1.25-1.31x backward v5 at a window of 1024; before, as fast as v5, which is deterministic, and the plan
+kept v5):
 - GQA: a program owns a K/V head's 128 keys and walks the Q tiles of each of the KV_GROUP query heads that read
   them in turn (the ring's steps continue across heads), summing dK and dV in registers: no atomics for them.
   KV_GROUP is a constexpr (one loop more only when it is above 1: a runtime group spilled the causal loop).
@@ -74,7 +88,8 @@ in forward v6) measured as fast in backward v5, which is deterministic, and runs
   mask: 770 instructions, 41 local stores, 59 loads a tile), keys past the sequence's end are set to zero in shared
   memory once (_zero_keys: then they are what TMA gives past a dense tensor), and rows past it read LSE = +inf, so
   their P and dS are 0.  The loops are then causal's or the plain ones (674, 17, 22 causal; 671, 10, 18 plain).
-  LSE and Delta come in padded rows (padded_rows: each sequence's rows followed by 64 of LSE = +inf, Delta = 0),
+  LSE and Delta come in padded rows (padded_rows: each sequence's rows, from a 16-byte boundary, followed by 64 of
+  LSE = +inf, Delta = 0),
   so the loops load them without a mask and the sequence's length, a loaded value, is not live in them (ncu: the
   packed kernel made 13.3 million local-memory requests against the dense kernel's 7.5): 643 / 637, 14 / 11,
   19 / 19 causal; the packed kernel on an H100 (8 documents of 2048, H 16), 1,103 -> 982 us (docs/BENCHMARKS.md,
@@ -118,7 +133,8 @@ ONLY_ON = "sm_90"
 
 
 if AVAILABLE:
-    from .forward_v6 import _descriptor, _dropout_scalars, _keep_words, _longest_first, _sync, _tanh, _tma_load
+    from .forward_v6 import (GluonDescriptor, _descriptor, _dropout_scalars, _keep_words, _longest_first, _sync, _tanh,
+                             _tma_load)
 
     # Dropout's bits for S^T (64 keys x 64 rows a consumer; forward v6's mask, bit for bit).  In the wgmma layout a
     # warp holds 16 keys, one group of 16 columns of the forward's mask: 4 groups x 64 rows = 256 Philox calls, two a
@@ -176,28 +192,33 @@ if AVAILABLE:
                         DROPOUT: gl.constexpr, WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """The producer (1 warp; a warpgroup with dropout, which makes the keep masks too): K_j and V_j once, then,
         for each query head of the K/V head's group, Q_i and dO_i into stage it % STAGES when it is empty."""
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem = bufs
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem, lse_smem, dl_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
         off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
-        H = sizes[8]
+        lb, lc, H = sizes[5], sizes[6], sizes[7]
+        lse_desc, delta_desc = ptrs[0], ptrs[1]
         drop = scales[4]
         masks = (dm_smem, drop, off_b, H, n0)
+        rows = (lse_desc, delta_desc, lse_smem, dl_smem)
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         _tma_load(k_desc, [tb, off_kv, k0 + n0, 0], kv_bar, k_smem)
         _tma_load(v_desc, [tb, off_kv, k0 + n0, 0], kv_bar, v_smem)
         if KV_GROUP > 1:
             for g in range(KV_GROUP):
-                _produce(tb, off_kv * KV_GROUP + g, g * n_iter, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem,
-                         do_smem, q_ready, do_ready, qdo_empty, masks, DROPOUT)
+                h = off_kv * KV_GROUP + g
+                _produce(tb, h, g * n_iter, m_lo, n_iter, first, q0, lb + h, lc, q_desc, do_desc, q_smem, do_smem,
+                         q_ready, do_ready, qdo_empty, masks, rows, DROPOUT)
         else:
-            _produce(tb, off_kv, 0, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
-                     qdo_empty, masks, DROPOUT)
+            _produce(tb, off_kv, 0, m_lo, n_iter, first, q0, lb + off_kv, lc, q_desc, do_desc, q_smem, do_smem,
+                     q_ready, do_ready, qdo_empty, masks, rows, DROPOUT)
 
     @gluon.jit
-    def _produce(off_b, off_h, base, m_lo, n_iter, first, q0, q_desc, do_desc, q_smem, do_smem, q_ready, do_ready,
-                 qdo_empty, masks, DROPOUT: gl.constexpr):
+    def _produce(off_b, off_h, base, m_lo, n_iter, first, q0, lrow, lc, q_desc, do_desc, q_smem, do_smem, q_ready,
+                 do_ready, qdo_empty, masks, rows, DROPOUT: gl.constexpr):
         """Query head off_h's Q_i and dO_i, the ring's steps base ... base + n_iter - 1 (off_b: the descriptors'
         batch, 0 in a packed call's (1, H, total, D) view; q0: the sequence's first row there, 0 in a dense call).
+        With Q_i its rows' LSE, with dO_i their Delta, on the same barriers (rows = (lse_desc, delta_desc, lse_smem,
+        dl_smem): (lrow, lc + row0) in the (rows, columns) of LSE and Delta the descriptors cover).
         DROPOUT (this partition then has 4 warps): once the copies are issued, both consumers' keep masks of the step
         (masks = (dm_smem, drop, the sequence's batch, H, n0)) into stage st's two slots of dm_smem; a second arrival
         on do_ready tells the consumers they are there (they read them after dP^T is issued, which waits for it)."""
@@ -209,10 +230,13 @@ if AVAILABLE:
             t = first + i
             row0 = (m_lo + gl.where(t >= n_iter, t - n_iter, t)) * BLOCK_M     # (first + i) % n_iter
             mbarrier.wait(qdo_empty.index(st), ((it // STAGES) & 1) ^ 1)   # a fresh barrier passes phase 1
-            mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes)
+            lse_desc, delta_desc, lse_smem, dl_smem = rows
+            mbarrier.expect(q_ready.index(st), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
             _tma_load(q_desc, [off_b, off_h, q0 + row0, 0], q_ready.index(st), q_smem.index(st))
-            mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
+            _tma_load(lse_desc, [lrow, lc + row0], q_ready.index(st), lse_smem.index(st))
+            mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
             _tma_load(do_desc, [off_b, off_h, q0 + row0, 0], do_ready.index(st), do_smem.index(st))
+            _tma_load(delta_desc, [lrow, lc + row0], do_ready.index(st), dl_smem.index(st))
             if DROPOUT:   # both consumers read the stage's slots before they arrive on qdo_empty: free to write
                 dm_smem, drop, seq, H, n0 = masks
                 for w in gl.static_range(2):
@@ -221,7 +245,7 @@ if AVAILABLE:
                 mbarrier.arrive(do_ready.index(st), count=1)
 
     @gluon.jit
-    def _consumer_steps(lo, hi, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta,
+    def _consumer_steps(lo, hi, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
                         qk_scale, cap_in, drop, MASK: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr,
                         DROPOUT: gl.constexpr, WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """Q tiles lo ... hi - 1 of query head off_h's walk (the ring's steps base + lo ...): dK_w, dV_w updated and
@@ -234,10 +258,9 @@ if AVAILABLE:
         1 / (1 - p), 0 elsewhere; here without Z's factor 1 / (1 - p), which the caller applies to dK and dV
         and the launcher to dQ.  VARLEN (a packed sequence; rows and keys counted from its start q0, k0): the rows
         past the sequence's end (the next one's) read LSE = +inf, so their P and dS are 0."""
-        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem = bufs
+        k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem, lse_smem, dl_smem = bufs
         kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar = bars
         off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
-        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, stride_dl = sizes
         left, right = band
         dtype: gl.constexpr = q_desc.dtype
         STAGES: gl.constexpr = q_smem.type.shape[0]
@@ -254,11 +277,6 @@ if AVAILABLE:
         key_l: gl.constexpr = gl.SliceLayout(1, mma_s)        # along S^T's rows: this warpgroup's keys
 
         offs_m = gl.arange(0, BLOCK_M, layout=row_l)
-        lse_base = LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh
-        if VARLEN:   # Delta (H, total_q); LSE's and Delta's rows start at the sequence's (the kernel moved them)
-            delta_base = Delta + off_h.to(gl.int64) * stride_dl
-        else:
-            delta_base = Delta + (off_b * H + off_h).to(gl.int64) * Nq
         k_all = k_smem.reshape([BLOCK_N, HEAD_DIM])
         k_w = k_all.slice(WG * HALF, HALF, dim=0)              # this warpgroup's keys (64 x D)
         v_w = v_smem.reshape([BLOCK_N, HEAD_DIM]).slice(WG * HALF, HALF, dim=0)
@@ -275,15 +293,6 @@ if AVAILABLE:
             t = first + i
             row0 = (m_lo + gl.where(t >= n_iter, t - n_iter, t)) * BLOCK_M     # (first + i) % n_iter
             rows = row0 + offs_m
-            if VARLEN:   # rows past the sequence (the next one's Q, dO) read the padding: LSE = +inf, so P = dS = 0
-                lse2 = gl.load(lse_base + rows * stride_lm) * 1.4426950408889634
-                delta = gl.load(delta_base + rows)
-            else:
-                row_ok = rows < Nq
-                lse2 = gl.load(lse_base + rows * stride_lm, mask=row_ok, other=0.0) * 1.4426950408889634
-                delta = gl.load(delta_base + rows, mask=row_ok, other=0.0)
-            if BAND and MASK:
-                lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2)
             q_s = q_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
             do_s = do_smem.index(st).reshape([BLOCK_M, HEAD_DIM])
 
@@ -294,6 +303,11 @@ if AVAILABLE:
             mbarrier.wait(do_ready.index(st), ph)
             dp_tok = warpgroup_mma(v_w, do_s.permute((1, 0)), zero_s, use_acc=False, is_async=True)
             s_t = warpgroup_mma_wait(1, deps=(s_tok,))                     # S^T done; dP^T in flight
+            # the rows' LSE, copied with Q_i (read here, not before the products: held through their waits, LSE and
+            # Delta took 32 registers a thread beside dK and dV's 128, and the loops spilled)
+            lse2 = lse_smem.index(st).reshape([BLOCK_M]).load(row_l) * 1.4426950408889634
+            if BAND and MASK:
+                lse2 = gl.where(lse2 == float("-inf"), float("inf"), lse2)
             if SOFTCAP:
                 s_t = _tanh(s_t * cap_in)
                 t = s_t
@@ -315,6 +329,7 @@ if AVAILABLE:
             if SOFTCAP:   # dS^T's factors but dP^T - D_i now, P^T o (1 - t^2): t is not kept through dP^T's wait
                 p_t = p_t * (1.0 - t * t)
             dp_t = warpgroup_mma_wait(1, deps=(dp_tok,))                   # dP^T done; dV in flight
+            delta = dl_smem.index(st).reshape([BLOCK_M]).load(row_l)       # copied with dO_i
             if DROPOUT:   # dS^T (1 - p) = P^T o (dP^T o keep - D_i (1 - p)) = (P^T o keep) o dP^T - P^T D_i (1 - p)
                 dd = (delta * (1.0 / drop[3]))[None, :]
                 ds16 = (p_t * gl.where(p_t > 0.0, dp_t - dd, dd)).to(dtype)
@@ -363,7 +378,7 @@ if AVAILABLE:
         mbarrier.wait(kz_bar, 0)
 
     @gluon.jit
-    def _walk(off_h, base, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale, cap_in,
+    def _walk(off_h, base, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, qk_scale, cap_in,
               drop, CAUSAL: gl.constexpr, BAND: gl.constexpr, SOFTCAP: gl.constexpr, DROPOUT: gl.constexpr,
               WG: gl.constexpr, VARLEN: gl.constexpr = False):
         """Query head off_h's Q tiles (the ring's steps from base).  Those that need the mask (the band's edges;
@@ -380,9 +395,9 @@ if AVAILABLE:
             else:
                 n_a = n_iter * 0
             dk, dv = _consumer_steps(0, n_a, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
-                                     LSE, Delta, qk_scale, cap_in, drop, True, BAND, SOFTCAP, DROPOUT, WG, True)
+                                     qk_scale, cap_in, drop, True, BAND, SOFTCAP, DROPOUT, WG, True)
             dk, dv = _consumer_steps(n_a, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, drop, False, BAND, SOFTCAP, DROPOUT, WG, True)
+                                     band, qk_scale, cap_in, drop, False, BAND, SOFTCAP, DROPOUT, WG, True)
         elif BAND:   # tile rows r0 ... r0 + 63 see all 128 keys iff n0 + 127 - right <= r0 <= n0 - 63 + left
             left, right = band
             n_a = gl.maximum(gl.minimum(gl.cdiv(gl.maximum(n0 + 127 - right, 0), 64) - m_lo, n_iter), 0)
@@ -390,21 +405,21 @@ if AVAILABLE:
             inside = gl.where(t >= 0, t // 64 + 1, 0)                    # Q tiles 0 ... t // 64 pass the left edge
             n_b = gl.minimum(gl.maximum(inside - m_lo, n_a), n_iter)
             dk, dv = _consumer_steps(0, n_a, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
-                                     LSE, Delta, qk_scale, cap_in, drop, True, True, SOFTCAP, DROPOUT, WG)
+                                     qk_scale, cap_in, drop, True, True, SOFTCAP, DROPOUT, WG)
             dk, dv = _consumer_steps(n_a, n_b, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band,
-                                     LSE, Delta, qk_scale, cap_in, drop, False, True, SOFTCAP, DROPOUT, WG)
+                                     qk_scale, cap_in, drop, False, True, SOFTCAP, DROPOUT, WG)
             dk, dv = _consumer_steps(n_b, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, drop, True, True, SOFTCAP, DROPOUT, WG)
+                                     band, qk_scale, cap_in, drop, True, True, SOFTCAP, DROPOUT, WG)
         elif CAUSAL:
             n_diag = gl.minimum(n_iter, 2)
             dk, dv = _consumer_steps(0, n_diag, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, drop, True, False, SOFTCAP, DROPOUT, WG)
+                                     band, qk_scale, cap_in, drop, True, False, SOFTCAP, DROPOUT, WG)
             dk, dv = _consumer_steps(n_diag, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords,
-                                     sizes, band, LSE, Delta, qk_scale, cap_in, drop, False, False, SOFTCAP, DROPOUT,
+                                     sizes, band, qk_scale, cap_in, drop, False, False, SOFTCAP, DROPOUT,
                                      WG)
         else:
             dk, dv = _consumer_steps(0, n_iter, base, off_h, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                                     band, LSE, Delta, qk_scale, cap_in, drop, False, False, SOFTCAP, DROPOUT, WG)
+                                     band, qk_scale, cap_in, drop, False, False, SOFTCAP, DROPOUT, WG)
         return dk, dv
 
     @gluon.jit
@@ -415,8 +430,8 @@ if AVAILABLE:
         query heads), dQ's columns 64 WG ... + 63."""
         kv_bar = bars[0]
         off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0 = coords
-        Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, stride_dl = sizes
-        LSE, Delta, DK, DV = ptrs
+        Nq, Nk, stride_db, stride_dh, stride_dn, lb, lc, H = sizes
+        DK, DV = ptrs[2], ptrs[3]
         qk_scale, sm_scale, band, cap_in, drop = scales
         dtype: gl.constexpr = q_desc.dtype
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -434,9 +449,9 @@ if AVAILABLE:
         if KV_GROUP > 1:      # the group's query heads one after the other, dK and dV summed in registers
             for g in range(KV_GROUP):
                 dk, dv = _walk(off_kv * KV_GROUP + g, g * n_iter, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes,
-                               band, LSE, Delta, qk_scale, cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG, VARLEN)
+                               band, qk_scale, cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG, VARLEN)
         else:
-            dk, dv = _walk(off_kv, 0, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, LSE, Delta, qk_scale,
+            dk, dv = _walk(off_kv, 0, dk, dv, q_desc, dq_desc, bufs, bars, coords, sizes, band, qk_scale,
                            cap_in, drop, CAUSAL, BAND, SOFTCAP, DROPOUT, WG, VARLEN)
         tma.store_wait(0)
 
@@ -453,10 +468,10 @@ if AVAILABLE:
             gl.store(DV + off, dv.to(dtype), mask=ok)
 
     @gluon.jit(do_not_specialize=["seed_lo", "seed_hi"])
-    def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, Delta, DK, DV,
-                            stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm,
+    def flash_bwd_kernel_v6(q_desc, k_desc, v_desc, do_desc, dq_desc, lse_desc, delta_desc, DK, DV,
+                            stride_db, stride_dh, stride_dn,
                             H, Nq, Nk, sm_scale, qk_scale, GROUP, left, right, cap_in, seed_lo, seed_hi, p_drop,
-                            CU_Q, CU_K, stride_dl,
+                            CU_Q, CU_K,
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             SPREAD: gl.constexpr = True, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
@@ -468,10 +483,11 @@ if AVAILABLE:
         all add into the same dQ rows at once).  Causal, the first K tiles (the most Q tiles) first over sections of
         GROUP heads (forward v6's _longest_first).  BAND: only the Q tiles whose rows' band (row - left ... row +
         right) reaches these keys; SOFTCAP: as forward v6 (qk_scale = c log2 e, cap_in = scale / c).
-        VARLEN: packed sequences, as forward v6: Q, K, V, dO seen as (1, H, total, D), LSE and Delta (H, total_q)
-        (Delta's head stride stride_dl), dK and dV (total_k, H_kv, D) (stride_db = 0); batch off_b is sequence off_b,
-        its rows CU_Q[off_b] ... CU_Q[off_b + 1] - 1, its keys CU_K's; Nq, Nk the longest lengths (the grid's).  A
-        program past its sequence's keys runs no Q tile and stores nothing; the Q tiles run in order (no SPREAD)."""
+        LSE and Delta: TMA descriptors (_rows_descriptor) over (B * H, Nq) float32, rows past Nq read as zeros.
+        VARLEN: packed sequences, as forward v6: Q, K, V, dO seen as (1, H, total, D), LSE and Delta (H, W)
+        (padded_rows), dK and dV (total_k, H_kv, D) (stride_db = 0); batch off_b is sequence off_b, its rows CU_Q[off_b] ... CU_Q[off_b + 1] - 1, its keys CU_K's; Nq, Nk the longest lengths
+        (the grid's).  A program past its sequence's keys runs no Q tile and stores nothing; the Q tiles run in order
+        (no SPREAD)."""
         n_n = gl.cdiv(Nk, BLOCK_N)
         pid = gl.program_id(0)
         if CAUSAL:
@@ -485,16 +501,18 @@ if AVAILABLE:
         tb = off_b
         q0 = 0
         k0 = 0
+        lb = off_b * H                                                 # LSE's and Delta's row of (off_b, head 0)
+        lc = 0                                                         # and the column of the rows' first
         if VARLEN:   # this sequence's rows and keys of the packed tensors, and its lengths
             tb = 0
             q0 = gl.load(CU_Q + off_b)
             Nq = gl.load(CU_Q + off_b + 1) - q0
             k0 = gl.load(CU_K + off_b)
             Nk = gl.load(CU_K + off_b + 1) - k0
-            # LSE, Delta: (H, total_q + S PAD), each sequence's rows followed by PAD rows of LSE = +inf, Delta = 0
+            # LSE, Delta: (H, W), each sequence's rows followed by PAD rows of LSE = +inf, Delta = 0
             # (padded_rows); dK, dV: (total_k, H_kv, D)
-            LSE += (q0 + off_b * BLOCK_M).to(gl.int64) * stride_lm
-            Delta += q0 + off_b * BLOCK_M
+            lb = 0
+            lc = (q0 + 3) // 4 * 4 + off_b * (BLOCK_M + 4)              # packed_start: 16-byte aligned
             DK += k0.to(gl.int64) * stride_dn
             DV += k0.to(gl.int64) * stride_dn
         n_q = gl.cdiv(Nq, BLOCK_M)
@@ -546,14 +564,14 @@ if AVAILABLE:
         if DROPOUT:   # each consumer's keep words of a stage (1 KiB each), made by the producer
             dm_smem = gl.allocate_shared_memory(gl.uint32, [2 * STAGES, 4, 64],
                                                 gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem)
+        # each stage's rows of LSE (with Q) and Delta (with dO): 256 bytes each
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + lse_desc.block_type.shape, lse_desc.layout)
+        dl_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + delta_desc.block_type.shape, delta_desc.layout)
+        bufs = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, dm_smem, lse_smem, dl_smem)
         bars = (kv_bar, q_ready, do_ready, qdo_empty, ds_ready, ds_free, kz_bar)
         coords = (off_b, off_kv, n0, m_lo, n_iter, first, tb, q0, k0)
-        if VARLEN:
-            sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, stride_dl)
-        else:
-            sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, stride_lb, stride_lh, stride_lm, H, 0)
-        ptrs = (LSE, Delta, DK, DV)
+        sizes = (Nq, Nk, stride_db, stride_dh, stride_dn, lb, lc, H)
+        ptrs = (lse_desc, delta_desc, DK, DV)
         if BAND:      # the variants' scalars only where their constexpr is on (a partition's every capture costs)
             band = (left, right)
         else:
@@ -605,7 +623,9 @@ def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: boo
                                     ("dq_desc", 64, 64, "fp32", gl.float32)):
         layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, cols], g)
         sig[name] = f"tensordesc<{dt}[1, 1, {rows}, {cols}],{layout!r}>"
-    sig.update(LSE="*fp32", Delta="*fp32", DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32",
+    rows = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    sig["lse_desc"] = sig["delta_desc"] = f"tensordesc<fp32[1, 64],{rows!r}>"
+    sig.update(DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32",
                cap_in="fp32", p_drop="fp32", CU_Q="*i32", CU_K="*i32")
     consts = dict(CAUSAL=causal, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
                   BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group, DROPOUT=dropout, VARLEN=varlen)
@@ -625,15 +645,46 @@ def compile_sm90(causal: bool = False, dtype: str = "bf16", stages: int = 2, ban
     return triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": 4, "maxnreg": MAXNREG})
 
 
+_ROWS_LAYOUT = None
+
+
+def _rows(t):
+    """``t`` (R, W) float32 as a TMA descriptor can take it: rows 16-byte aligned (W padded to a multiple of 4 in a
+    copy where they are not; a copy of LSE or Delta, B H N floats, is cheap beside the backward)."""
+    W = t.shape[-1]
+    if t.stride(-1) == 1 and t.stride(0) % 4 == 0 and t.data_ptr() % 16 == 0:
+        return t
+    out = torch.empty((t.shape[0], -(-W // 4) * 4), device=t.device, dtype=torch.float32)[:, :W]
+    return out.copy_(t)
+
+
+def _rows_descriptor(t):
+    """A TMA descriptor over (R, W) float32 ``t`` (_rows), blocks of 1 x 64 (a Q tile's LSE or Delta): the producer
+    copies them with Q and dO; past W TMA gives zeros."""
+    global _ROWS_LAYOUT
+    if _ROWS_LAYOUT is None:   # (no swizzle: a 256-byte row is wider than any swizzle's span)
+        _ROWS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    t = _rows(t)
+    return GluonDescriptor(t, list(t.shape), list(t.stride()), [1, 64], _ROWS_LAYOUT)
+
+
 PAD = 64   # rows after each packed sequence in the backward's LSE and Delta (a Q tile's, BLOCK_M)
+SPAN = PAD + 4   # and up to 3 more, so that the next one starts on 16 bytes (a TMA copy's first column must)
+
+
+def packed_start(q0, b):
+    """Where packed sequence b (its first row q0 of the packed tensors) starts in the backward's LSE and Delta
+    (padded_rows): 16-byte aligned, a TMA copy's innermost coordinate must be (an unaligned one is an illegal
+    instruction on sm_90); the kernels compute it alike."""
+    return (q0 + 3) // 4 * 4 + b * SPAN
 
 
 @triton.jit
 def flash_bwd_preprocess_packed(O, DO, LSE, Delta, LSE_pad, CU_Q, stride_om, stride_oh, stride_od, stride_dom,
                                 stride_doh, stride_dod, stride_lh, stride_lm, stride_ph, H, n_tiles,
                                 PAD_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """A packed call's Delta = rowsum(dO o O) and its LSE, in padded rows: sequence b's row r at q0 + b PAD_ROWS + r
-    of (H, total_q + S PAD_ROWS) float32, and the PAD_ROWS rows after its end Delta = 0, LSE = +inf.  Backward v6
+    """A packed call's Delta = rowsum(dO o O) and its LSE, in padded rows: sequence b's row r at packed_start(q0, b) +
+    r of (H, W) float32, and the PAD_ROWS rows after its end Delta = 0, LSE = +inf.  Backward v6
     then reads a Q tile's LSE and Delta without a mask (its rows past the sequence's end, the next one's, get P = 0):
     the sequence's length is not live in its loops."""
     start_m, off_b, off_h = program_tile(n_tiles, H)
@@ -648,19 +699,20 @@ def flash_bwd_preprocess_packed(O, DO, LSE, Delta, LSE_pad, CU_Q, stride_om, str
     do = tl.load(DO + row[:, None] * stride_dom + off_h * stride_doh + offs_d[None, :] * stride_dod,
                  mask=ok[:, None], other=0.0).to(tl.float32)
     lse = tl.load(LSE + off_h.to(tl.int64) * stride_lh + row * stride_lm, mask=ok, other=float("inf"))
-    dst = off_h.to(tl.int64) * stride_ph + (q0 + off_b * PAD_ROWS + r).to(tl.int64)
+    dst = off_h.to(tl.int64) * stride_ph + ((q0 + 3) // 4 * 4 + off_b * (PAD_ROWS + 4) + r).to(tl.int64)
     keep = r < n + PAD_ROWS
     tl.store(Delta + dst, tl.sum(o * do, 1), mask=keep)
     tl.store(LSE_pad + dst, lse, mask=keep)
 
 
 def padded_rows(plan, o, do, lse, cu_q, runners=None):
-    """(Delta, LSE) of a packed call as backward v6 reads them: (H, total_q + S PAD) float32, each sequence's rows
-    followed by PAD rows of Delta 0 and LSE +inf (flash_bwd_preprocess_packed); ``lse`` is the forward's (H, total_q),
-    ``plan.Nq`` the longest sequence."""
+    """(Delta, LSE) of a packed call as backward v6 reads them: (H, W) float32, each sequence's rows from
+    packed_start(q0, b) on, followed by PAD rows of Delta 0 and LSE +inf (flash_bwd_preprocess_packed; the up to 7
+    columns between one sequence's padding and the next one's start are not written and never read); ``lse`` is the
+    forward's (H, total_q), ``plan.Nq`` the longest sequence.  W, a multiple of 4, leaves every row 16-byte aligned."""
     total, S = o.shape[0], cu_q.shape[0] - 1
-    delta = torch.empty((plan.H, total + S * PAD), device=o.device, dtype=torch.float32)
-    lse_pad = torch.empty_like(delta)
+    W = -(-total // 4) * 4 + S * SPAN
+    delta, lse_pad = (torch.empty((plan.H, W), device=o.device, dtype=torch.float32) for _ in range(2))
     n_tiles = lambda cfg: -(-(plan.Nq + PAD) // cfg.block_m)      # noqa: E731 - rows r < Nq + PAD of each
     tiles.run(plan.backward[0], flash_bwd_preprocess_packed,
               lambda cfg: (o, do, lse, delta, lse_pad, cu_q, *o.stride(), *do.stride(), *lse.stride(),
@@ -704,12 +756,12 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         dq_rows = torch.zeros((q.shape[0], plan.H, plan.D), device=q.device, dtype=torch.float32)
         dq_acc = dq_rows.permute(1, 0, 2)[None]
         q, k, v, do = (t.permute(1, 0, 2)[None] for t in (q, k, v, do))
-        lse_strides = (0, *lse.stride())
     else:
-        delta = backward.preprocess(plan, o, do, runners)
+        delta = backward.preprocess(plan, o, do, runners)     # (B, H, Nq), as LSE (made contiguous below)
         dq_acc = dq_buffer(dq)
         cu_q = cu_k = lse
-        lse_strides = tuple(lse.stride())
+    # (B * H, Nq) dense, (H, W) packed
+    lse, delta = (t.reshape(t.shape[0], -1) if varlen else t.reshape(-1, plan.Nq) for t in (lse, delta))
     # the kernel writes dK and dV with one set of strides, the last 1
     dk_out = dk if dk.stride(-1) == 1 else torch.empty(dk.shape, device=dk.device, dtype=dk.dtype)
     dv_out = dv if dv.stride() == dk_out.stride() else torch.empty_like(dk_out)
@@ -720,9 +772,10 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
     # causal: longest first, by sections of heads (1 otherwise: unused, and one value keeps one compiled kernel)
     group = tiles.head_group(bh_kv, n_n, plan.facts.sms) if call.causal else 1
     args = (_descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n),
-            _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), lse, delta, dk_out, dv_out,
-            *d_strides, *lse_strides, plan.H, plan.Nq, plan.Nk, float(scale), call.qk_scale, group,
-            call.left, call.right, call.cap_in, call.seed_lo, call.seed_hi, call.p_drop, cu_q, cu_k, delta.stride(-2))
+            _descriptor(do, cfg.block_m), _descriptor(dq_acc, cfg.block_m, 64), _rows_descriptor(lse),
+            _rows_descriptor(delta), dk_out, dv_out, *d_strides, plan.H, plan.Nq, plan.Nk, float(scale),
+            call.qk_scale, group, call.left, call.right, call.cap_in, call.seed_lo, call.seed_hi, call.p_drop, cu_q,
+            cu_k)
     consts = dict(CAUSAL=call.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
                   STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
                   KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, VARLEN=varlen, num_warps=cfg.num_warps,

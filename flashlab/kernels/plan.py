@@ -75,22 +75,20 @@ ONE_PASS_BWD = ((64, None), (128, False))
 # N = 8192 and 16384; at N = 4096 (65,536 rows) each won one of two runs, whose host time drifted by half.
 ONE_PASS_MIN_ROWS = 1 << 16
 
-# The variant features the plan runs backward v6 for (where v6 runs at all).  v6 also implements windows as
-# constexpr branches, which a caller may force (backward_version="v6"), but the plan keeps backward v5 for them: on the
-# H200 (bf16, D = 128, docs/BENCHMARKS.md 2026-12-03, scripts/v6_variant_probe.py) v6's window backward measured
-# 0.97-1.05x v5, which is deterministic.  (Its window forward, a program a Q tile, measured 0.62-1.23x v4 from run
-# to run then: a v6 program spends about as long starting and ending as on a few key tiles; on a persistent grid the
-# plan runs it, V6_PLANNED_FORWARD below.)  Packed sequences: forward v6 measured 1.06-1.32x v4 (8 documents of 2048 rows)
+# The variant features the plan runs backward v6 for (where v6 runs at all): every one it implements.  Windows
+# joined the others once backward v6 copied LSE and Delta into shared memory with Q and dO (its loops stopped
+# spilling): a window of 1024 then measured 1.25-1.31x backward v5 (scripts/v6_variant_probe.py --only window,
+# H100, docs/BENCHMARKS.md 2026-12-05, fifth entry; before, on the H200, 0.97-1.05x, and the plan kept v5, which is
+# deterministic).  Packed sequences: forward v6 measured 1.06-1.32x v4 (8 documents of 2048 rows)
 # and 1.14-1.21x (2 of 8192), backward v6 1.03-1.05x and 1.06-1.08x v5 (docs/BENCHMARKS.md 2026-12-03, "packed
 # sequences in backward v6"); the spread at 2048 rows is not fully explained (a packed call's host time is close to
 # v6's GPU time there).
 # Dropout in v6 (its Philox bits the same as v4 / v5's) measured 1.18-1.43x v4 / v5 with dropout
 # (scripts/dropout_v6_probe.py).
-V6_PLANNED = frozenset({"gqa", "softcap", "dropout", "varlen"})
-# Windows: forward v6 on a persistent grid (forward_v6.PERSIST_FOR; one program a multiprocessor taking Q tiles in
+V6_PLANNED = frozenset({"gqa", "softcap", "dropout", "varlen", "window"})
+# Windows' forward: v6 on a persistent grid (forward_v6.PERSIST_FOR; one program a multiprocessor taking Q tiles in
 # turn, the next tile's copies issued while the last one's products finish), which measured 1.2-1.3x forward v4 at a
-# window of 1024 and 1.7-2.1x at 256 (docs/BENCHMARKS.md, 2026-12-04); backward v6's window stays unplanned: as fast
-# as backward v5, which is deterministic.
+# window of 1024 and 1.7-2.1x at 256 (docs/BENCHMARKS.md, 2026-12-04).
 V6_PLANNED_FORWARD = V6_PLANNED | {"window"}
 
 INTERPRETER_TILE = C(32, 32)   # the interpreter runs one program at a time: fewer, smaller programs
@@ -472,11 +470,10 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
 def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, deterministic: bool, variant: Variant,
                       rows) -> tuple:
     """The newest versions whose ``SUPPORTS`` covers the call's features.  Forward and backward v6 (GQA, windows,
-    soft-cap, dropout, packed sequences) for the features in V6_PLANNED_FORWARD (GQA, windows, soft-cap, dropout,
-    packed sequences) and V6_PLANNED (the same but windows) only,
-    where the plain policy runs v6 (Hopper sm_90, D = 128, fp16 / bf16, length bucket >= V3_FROM; the backward also
-    not deterministic and not small); forward v4 and backward v5 otherwise (they implement every feature, run everywhere, and backward
-    v5 is deterministic)."""
+    soft-cap, dropout, packed sequences) for the features in V6_PLANNED_FORWARD and V6_PLANNED (today both every
+    feature v6 implements), where the plain policy runs v6 (Hopper sm_90, D = 128, fp16 / bf16, length bucket >=
+    V3_FROM; the backward also not deterministic and not small); forward v4 and backward v5 otherwise (they implement
+    every feature, run everywhere, and backward v5 is deterministic)."""
     feats = variant.features()
     names = ", ".join(sorted(feats))
     not_v6 = v6_runs(dtype, head_dim, facts)
@@ -490,9 +487,8 @@ def _variant_versions(dtype, head_dim: int, bucket, facts: DeviceFacts, determin
         why_not = not_v6
         planned = V6_PLANNED_FORWARD if d == "fwd" else V6_PLANNED
         if why_not is None and not feats <= planned:
-            why_not = (f"the plan runs it for {', '.join(sorted(planned))} only: its window branch measured no "
-                       "faster than backward v5, which is deterministic (docs/BENCHMARKS.md, 2026-12-03; force "
-                       "backward_version='v6' to run it)")
+            why_not = (f"the plan runs it for {', '.join(sorted(planned))} only (force {word}_version='v6' to "
+                       "run it)")
         if why_not is None and d == "bwd" and deterministic:
             why_not = "deterministic algorithms requested (its dQ adds arrive in any order)"
         elif why_not is None and d == "bwd" and rows is not None and rows < ONE_PASS_MIN_ROWS:
