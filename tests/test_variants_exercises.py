@@ -441,19 +441,23 @@ def test_window_locate_stays_inside_the_keys_and_rows():
 # ----------------------------------------------------------------------------------------- notebook 08's record
 
 RECORD = ROOT / "docs" / "bench_h200_2026-12-05_variants.json"     # the variants' latest H200 record
+RECORD_H100 = ROOT / "docs" / "bench_h100_2026-12-05_variants_lse_smem.json"   # and the latest H100 one
 
 
-def _record() -> dict:
-    """(variant, provider) -> row of the latest record."""
-    return {(r["variant"], r["provider"]): r for r in json.loads(RECORD.read_text())["rows"]}
+def _record(path=RECORD) -> dict:
+    """(variant, provider) -> row of a record (the latest H200 one unless told)."""
+    return {(r["variant"], r["provider"]): r for r in json.loads(path.read_text())["rows"]}
 
 
-def test_notebook_08_h200_table_is_the_benchmark_record():
-    """The H200 numbers notebook 08 prints are the variants' latest records', rounded, and labelled as recorded."""
+@pytest.mark.parametrize("name,path", [("H200", RECORD), ("H100", RECORD_H100)])
+def test_notebook_08_h200_table_is_the_benchmark_record(name, path):
+    """The H200 and H100 numbers notebook 08 prints are the variants' latest records', rounded, and labelled as
+    recorded."""
     nb = json.loads((ROOT / "notebooks" / "08_variants.ipynb").read_text())
-    src = next("".join(c["source"]) for c in nb["cells"] if "H200 = [" in "".join(c["source"]))
+    src = next("".join(c["source"]) for c in nb["cells"] if f"{name} = [" in "".join(c["source"]))
+    src = src[src.index(f"{name} = ["):]
     table = eval(src[src.index("["):src.index("]\n") + 1])          # noqa: S307 - our own notebook's literal
-    rec = _record()
+    rec = _record(path)
     ours_key = {"GQA": ("gqa", "flashlab"), "window": ("window", "flashlab"), "packed": ("docs", "flashlab varlen"),
                 "soft-cap": ("softcap", "flashlab"), "padding": ("padding", "flashlab"),
                 "dropout": ("dropout", "flashlab p=0.1")}
@@ -469,7 +473,7 @@ def test_notebook_08_h200_table_is_the_benchmark_record():
             key = (variant, "torch varlen_attn") if label.strip() == "varlen_attn" else others[label.strip()]
             assert (int(fwd), int(bwd)) == rate(key), (name, label)
     md = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    assert "recorded" in md and "2026-12-05" in md and RECORD.name in md
+    assert "recorded" in md and "2026-12-05" in md and path.name in md
 
 
 def test_notebook_08_links_resolve_and_prose_matches_the_record():
