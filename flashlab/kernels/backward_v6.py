@@ -757,7 +757,7 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
         dq_acc = dq_rows.permute(1, 0, 2)[None]
         q, k, v, do = (t.permute(1, 0, 2)[None] for t in (q, k, v, do))
     else:
-        delta = backward.preprocess(plan, o, do, runners)     # (B, H, Nq), as LSE (made contiguous below)
+        delta = backward.preprocess(plan, o, do, runners)     # (B, H, Nq), as LSE (both seen as (B * H, Nq) below)
         dq_acc = dq_buffer(dq)
         cu_q = cu_k = lse
     # (B * H, Nq) dense, (H, W) packed
