@@ -46,6 +46,7 @@ def _rows_read(desc, row: int, col: int) -> torch.Tensor:
     """What the kernel's TMA copy of a Q tile's LSE or Delta gives: 64 floats of row ``row`` from column ``col``,
     zeros past the descriptor's width."""
     assert desc.block_shape == [1, 64] and desc.strides[-1] == 1 and desc.strides[0] % 4 == 0   # 16-byte rows
+    assert desc.shape == list(desc.base.shape)           # what TMA reads as in bounds is what this reads
     got = desc.base[row, col:min(col + 64, desc.shape[1])]
     return torch.cat([got, torch.zeros(64 - got.numel(), dtype=got.dtype)])
 
@@ -85,6 +86,11 @@ def test_launch_passes_the_kernel_its_arguments(kind, monkeypatch):
     assert consts["STAGES"] == plan.backward[1].config.num_stages and consts["VARLEN"] == packed
     assert named["H"] == H and consts["KV_GROUP"] == plan.variant.kv_groups
     lse_d, delta_d = named["lse_desc"], named["delta_desc"]
+    if not packed:   # past Nq TMA gives zeros, never a padded row's uninitialised floats
+        assert lse_d.shape == delta_d.shape == [plan.B * H, plan.Nq]
+    # the kernel finds a packed sequence's rows where padded_rows put them (packed_start's SPAN)
+    span = next(p.default for p in kern.params if p.name == "SPAN")
+    assert consts["SPAN"] == span == backward_v6.SPAN
     assert lse_d.block_shape == delta_d.block_shape == [1, 64]
     for b in range(plan.B):
         q0, n = (int(cu[b]), int(cu[b + 1] - cu[b])) if packed else (0, plan.Nq)

@@ -475,7 +475,8 @@ if AVAILABLE:
                             CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                             SPREAD: gl.constexpr = True, BAND: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                            KV_GROUP: gl.constexpr = 1, DROPOUT: gl.constexpr = False, VARLEN: gl.constexpr = False):
+                            KV_GROUP: gl.constexpr = 1, DROPOUT: gl.constexpr = False, VARLEN: gl.constexpr = False,
+                            SPAN: gl.constexpr = 68):
         """One program: BLOCK_N = 128 keys of one (batch, K/V head); a 1-D grid of K tiles x B * H / KV_GROUP, the
         tile index fastest.  dK and dV are written with dK's strides (the launcher makes dV's alike), summed over the
         KV_GROUP query heads that read the K/V head (GQA: one program owns each dK, dV row, no atomics).  SPREAD:
@@ -512,7 +513,7 @@ if AVAILABLE:
             # LSE, Delta: (H, W), each sequence's rows followed by PAD rows of LSE = +inf, Delta = 0
             # (padded_rows); dK, dV: (total_k, H_kv, D)
             lb = 0
-            lc = (q0 + 3) // 4 * 4 + off_b * (BLOCK_M + 4)              # packed_start: 16-byte aligned
+            lc = (q0 + 3) // 4 * 4 + off_b * SPAN                       # packed_start: 16-byte aligned
             DK += k0.to(gl.int64) * stride_dn
             DV += k0.to(gl.int64) * stride_dn
         n_q = gl.cdiv(Nq, BLOCK_M)
@@ -605,11 +606,12 @@ if AVAILABLE:
 
 def config_lists(head_dim, dtype, limit, cc) -> dict:
     """One config (the tiles are the kernel's design: 64 query rows x 128 keys, 4 warps per partition), 2 stages.
-    Shared memory: K, V 64 KiB, Q and dO 32 KiB a stage, dS^T 2 x 16, the dQ stages 2 x 16: 192 KiB at 2 stages
-    (4 KiB more with dropout: its keep words; the filter below does not count them, and 2 stages leave room)."""
+    Shared memory: K, V 64 KiB, Q and dO 32 KiB a stage with their rows' LSE and Delta (512 bytes), dS^T 2 x 16, the
+    dQ stages 2 x 16: 193 KiB at 2 stages (4 KiB more with dropout: its keep words; the filter below does not count
+    them, and 2 stages leave room)."""
     cands = [C(64, 128, 4, 2)]
     if limit is not None:
-        cands = [c for c in cands if 1024 * (64 + 32 * c.num_stages + 64) + 1024 <= limit]
+        cands = [c for c in cands if 1024 * (64 + 32 * c.num_stages + 64) + 512 * c.num_stages + 1024 <= limit]
     return {"bwd": (cands, [])}
 
 
@@ -628,7 +630,7 @@ def _sig(dtype: str, causal: bool, stages: int, band: bool = False, softcap: boo
     sig.update(DK=f"*{dtype}", DV=f"*{dtype}", sm_scale="fp32", qk_scale="fp32",
                cap_in="fp32", p_drop="fp32", CU_Q="*i32", CU_K="*i32")
     consts = dict(CAUSAL=causal, BLOCK_M=64, BLOCK_N=128, HEAD_DIM=128, STAGES=stages, CONSUMER_REGS=CONSUMER_REGS,
-                  BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group, DROPOUT=dropout, VARLEN=varlen)
+                  BAND=band, SOFTCAP=softcap, KV_GROUP=kv_group, DROPOUT=dropout, VARLEN=varlen, SPAN=SPAN)
     sig.update({k: "constexpr" for k in consts})
     return fn, sig, consts
 
@@ -682,7 +684,8 @@ def packed_start(q0, b):
 @triton.jit
 def flash_bwd_preprocess_packed(O, DO, LSE, Delta, LSE_pad, CU_Q, stride_om, stride_oh, stride_od, stride_dom,
                                 stride_doh, stride_dod, stride_lh, stride_lm, stride_ph, H, n_tiles,
-                                PAD_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+                                PAD_ROWS: tl.constexpr, SPAN: tl.constexpr, BLOCK_M: tl.constexpr,
+                                HEAD_DIM: tl.constexpr):
     """A packed call's Delta = rowsum(dO o O) and its LSE, in padded rows: sequence b's row r at packed_start(q0, b) +
     r of (H, W) float32, and the PAD_ROWS rows after its end Delta = 0, LSE = +inf.  Backward v6
     then reads a Q tile's LSE and Delta without a mask (its rows past the sequence's end, the next one's, get P = 0):
@@ -699,7 +702,7 @@ def flash_bwd_preprocess_packed(O, DO, LSE, Delta, LSE_pad, CU_Q, stride_om, str
     do = tl.load(DO + row[:, None] * stride_dom + off_h * stride_doh + offs_d[None, :] * stride_dod,
                  mask=ok[:, None], other=0.0).to(tl.float32)
     lse = tl.load(LSE + off_h.to(tl.int64) * stride_lh + row * stride_lm, mask=ok, other=float("inf"))
-    dst = off_h.to(tl.int64) * stride_ph + ((q0 + 3) // 4 * 4 + off_b * (PAD_ROWS + 4) + r).to(tl.int64)
+    dst = off_h.to(tl.int64) * stride_ph + ((q0 + 3) // 4 * 4 + off_b * SPAN + r).to(tl.int64)   # packed_start
     keep = r < n + PAD_ROWS
     tl.store(Delta + dst, tl.sum(o * do, 1), mask=keep)
     tl.store(LSE_pad + dst, lse, mask=keep)
@@ -716,7 +719,7 @@ def padded_rows(plan, o, do, lse, cu_q, runners=None):
     n_tiles = lambda cfg: -(-(plan.Nq + PAD) // cfg.block_m)      # noqa: E731 - rows r < Nq + PAD of each
     tiles.run(plan.backward[0], flash_bwd_preprocess_packed,
               lambda cfg: (o, do, lse, delta, lse_pad, cu_q, *o.stride(), *do.stride(), *lse.stride(),
-                           delta.stride(0), plan.H, n_tiles(cfg)), dict(HEAD_DIM=plan.D, PAD_ROWS=PAD),
+                           delta.stride(0), plan.H, n_tiles(cfg)), dict(HEAD_DIM=plan.D, PAD_ROWS=PAD, SPAN=SPAN),
               lambda cfg: tiles.grid_1d(n_tiles(cfg), S * plan.H), runners, "pre")
     return delta, lse_pad
 
@@ -778,8 +781,8 @@ def launch(plan, q, k, v, o, lse, do, dq, dk, dv, scale: float, runners=None, **
             cu_k)
     consts = dict(CAUSAL=call.causal, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=plan.D,
                   STAGES=cfg.num_stages, CONSUMER_REGS=CONSUMER_REGS, BAND=call.band, SOFTCAP=call.softcap,
-                  KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, VARLEN=varlen, num_warps=cfg.num_warps,
-                  maxnreg=MAXNREG)
+                  KV_GROUP=plan.variant.kv_groups, DROPOUT=call.dropout, VARLEN=varlen, SPAN=SPAN,
+                  num_warps=cfg.num_warps, maxnreg=MAXNREG)
     # dk_out, dv_out and dq_acc have strides of their own: the runner's key (the caller's tensors) does not hold
     # them unless they are the caller's (dk_out is dk, dv_out dv); dq_acc's follow from dq's (the caller's)
     same = dk_out is dk and dv_out is dv

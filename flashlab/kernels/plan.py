@@ -397,10 +397,9 @@ def choose_versions(dtype, head_dim: int, bucket: int | None, causal: bool | Non
       1.16-1.25x v4 and 1.04-1.09x v2 causal (docs/BENCHMARKS.md, 2026-12-03).
 
     A call with variant features (:class:`Variant`) runs the newest versions whose module's ``SUPPORTS``
-    covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA, soft-cap, dropout and
-    packed sequences where the plain policy runs v6, and forward v6 for windows (backward v6 implements them too, but
-    measured no faster than v5 there); elsewhere, and for ALiBi and masks (and a window's backward), forward v4 and
-    backward v5, whose hand-picked tiles are forward v2's and backward v2's.
+    covers them and that run here (:func:`_variant_versions`): forward and backward v6 for GQA, windows, soft-cap,
+    dropout and packed sequences where the plain policy runs v6 (the backward not when deterministic); elsewhere, and
+    for ALiBi and masks, forward v4 and backward v5, whose hand-picked tiles are forward v2's and backward v2's.
 
     fp32 and head dims above 128 keep v1: their dot products run on FMA units, where the masks
     v2 removes cost nothing noticeable, and v2's extra loop copies multiply the compile time.
