@@ -3,11 +3,11 @@ each kind of call; for comparing checkouts of the kernels, one process each (H10
 
     PYTHONPATH=CHECKOUT python scripts/bwd_kernel_times.py TAG OUT.json [--whole]
 
-Every backward is forced into v6 (a window's too, which the plan runs in v5).  The calls: dense causal B 8 x 2048,
-dense non-causal B 4 x 4096, 8 packed documents of 2048 (causal), a window of 1024 (B 1 x 16384, causal), GQA 32 / 8
-causal B 2 x 8192; H 16 but GQA's.  The checks (gradients against float32 attention, relative to the largest
-entry, < 2e-2): windows (300, 0) causal, (200, 77) Nq < Nk, (-1, 130) MQA, (100, 4) with rows that see no key,
-(1023, 0) causal; GQA causal; non-causal Nq < Nk.  --whole: also the whole backward call (do_bench, median);
+Every backward is forced into v6 (the plan runs them all there now; a window's ran in v5 before).  The calls: dense
+causal B 8 x 2048, dense non-causal B 4 x 4096, 8 packed documents of 2048 (causal), a window of 1024 (B 1 x 16384,
+causal), GQA 32 / 8 causal B 2 x 8192; H 16 but GQA's.  The checks (gradients against float32 attention, relative to
+the largest entry, < 2e-2): windows (300, 0) causal, (200, 77) Nq < Nk, (-1, 130) MQA, (100, 4) with rows that see no
+key, (1023, 0) causal; GQA causal; non-causal Nq < Nk.  --whole: also the whole backward call (do_bench, median);
 --all-kernels: every kernel of each call (the JSON always holds them), to see where the time outside the kernel goes.
 """
 import argparse
@@ -90,7 +90,8 @@ def main():
     ap.add_argument("tag")
     ap.add_argument("out")
     ap.add_argument("--whole", action="store_true")
-    ap.add_argument("--all-kernels", action="store_true", help="print every kernel of each call, not only the backward's")
+    ap.add_argument("--all-kernels", action="store_true",
+                    help="print every kernel of each call, not only the backward's")
     a = ap.parse_args()
     plan = P.plan
     P.plan = lambda *args, **kw: plan(*args, **dict(kw, backward_version="v6"))

@@ -89,11 +89,10 @@ kept v5):
   memory once (_zero_keys: then they are what TMA gives past a dense tensor), and rows past it read LSE = +inf, so
   their P and dS are 0.  The loops are then causal's or the plain ones (674, 17, 22 causal; 671, 10, 18 plain).
   LSE and Delta come in padded rows (padded_rows: each sequence's rows, from a 16-byte boundary, followed by 64 of
-  LSE = +inf, Delta = 0),
-  so the loops load them without a mask and the sequence's length, a loaded value, is not live in them (ncu: the
-  packed kernel made 13.3 million local-memory requests against the dense kernel's 7.5): 643 / 637, 14 / 11,
-  19 / 19 causal; the packed kernel on an H100 (8 documents of 2048, H 16), 1,103 -> 982 us (docs/BENCHMARKS.md,
-  2026-12-05, second entry).
+  LSE = +inf, Delta = 0), so a step's 64 rows are copied without a mask and the sequence's length, a loaded value, is
+  not live in the loops (ncu, when they were loaded from global memory: the packed kernel made 13.3 million
+  local-memory requests against the dense kernel's 7.5): 643 / 637, 14 / 11, 19 / 19 causal; the packed kernel on an
+  H100 (8 documents of 2048, H 16), 1,103 -> 982 us (docs/BENCHMARKS.md, 2026-12-05, second entry).
 
 Prediction: forward v6 measured 1.19-1.21x v3 at the same tiles with this split of work; the
 backward has the same kind of idle tensor cores, so 1.15-1.25x backward v4 at D = 128, N >= 4096 (0.85-0.9x
@@ -486,9 +485,9 @@ if AVAILABLE:
         right) reaches these keys; SOFTCAP: as forward v6 (qk_scale = c log2 e, cap_in = scale / c).
         LSE and Delta: TMA descriptors (_rows_descriptor) over (B * H, Nq) float32, rows past Nq read as zeros.
         VARLEN: packed sequences, as forward v6: Q, K, V, dO seen as (1, H, total, D), LSE and Delta (H, W)
-        (padded_rows), dK and dV (total_k, H_kv, D) (stride_db = 0); batch off_b is sequence off_b, its rows CU_Q[off_b] ... CU_Q[off_b + 1] - 1, its keys CU_K's; Nq, Nk the longest lengths
-        (the grid's).  A program past its sequence's keys runs no Q tile and stores nothing; the Q tiles run in order
-        (no SPREAD)."""
+        (padded_rows), dK and dV (total_k, H_kv, D) (stride_db = 0); batch off_b is sequence off_b, its rows
+        CU_Q[off_b] ... CU_Q[off_b + 1] - 1, its keys CU_K's; Nq, Nk the longest lengths (the grid's).  A program
+        past its sequence's keys runs no Q tile and stores nothing; the Q tiles run in order (no SPREAD)."""
         n_n = gl.cdiv(Nk, BLOCK_N)
         pid = gl.program_id(0)
         if CAUSAL:
