@@ -47,7 +47,7 @@ def test_plan_runs_v6_for_gqa_softcap_dropout_and_packed_sequences(var):
 @pytest.mark.parametrize("var", [P.Variant(window=(1023, 0)), P.Variant(kv_groups=8, window=(255, 64), softcap=True),
                                  P.Variant(varlen=True, window=(-1, 64))], ids=str)
 def test_plan_runs_windows_in_forward_v6_on_a_persistent_grid_and_backward_v6(var):
-    """Forward v6 on a persistent grid for windows, and backward v6, which measured 1.25-1.31x backward v5 at a window
+    """Forward v6 on a persistent grid for windows, and backward v6, which measured 1.25-1.30x backward v5 at a window
     of 1024 once it copied LSE and Delta into shared memory (docs/BENCHMARKS.md, 2026-12-05, fifth entry); a caller
     who wants v5's deterministic backward asks for it."""
     p = P.plan(2, 32, 8192, 8192, 128, bf16, True, variant=var, facts=H200)

@@ -57,8 +57,8 @@ fifth entry): causal B 8 x 2048, 855 -> 753 us; non-causal B 4 x 4096, 2,795 -> 
 **The variants** (``SUPPORTS``, forward v6's: GQA, sliding windows, soft-cap, dropout, packed sequences), constexpr
 branches that leave the plain kernel's loops as they were (their SASS: the same instructions, local loads and stores a
 tile).  The plan runs all of them here (plan.V6_PLANNED); a window since LSE and Delta come through shared memory
-(above: 1.25-1.31x backward v5 at a window of 1024; before, as fast as v5, which is deterministic, and the plan
-kept v5):
+(1.25-1.30x backward v5 at a window of 1024, docs/BENCHMARKS.md 2026-12-05, fifth entry; before, as fast as v5, which
+is deterministic, and the plan kept v5):
 - GQA: a program owns a K/V head's 128 keys and walks the Q tiles of each of the KV_GROUP query heads that read
   them in turn (the ring's steps continue across heads), summing dK and dV in registers: no atomics for them.
   KV_GROUP is a constexpr (one loop more only when it is above 1: a runtime group spilled the causal loop).

@@ -77,7 +77,7 @@ ONE_PASS_MIN_ROWS = 1 << 16
 
 # The variant features the plan runs backward v6 for (where v6 runs at all): every one it implements.  Windows
 # joined the others once backward v6 copied LSE and Delta into shared memory with Q and dO (its loops stopped
-# spilling): a window of 1024 then measured 1.25-1.31x backward v5 (scripts/v6_variant_probe.py --only window,
+# spilling): a window of 1024 then measured 1.25-1.30x backward v5 (scripts/v6_variant_probe.py --only window,
 # H100, docs/BENCHMARKS.md 2026-12-05, fifth entry; before, on the H200, 0.97-1.05x, and the plan kept v5, which is
 # deterministic).  Packed sequences: forward v6 measured 1.06-1.32x v4 (8 documents of 2048 rows)
 # and 1.14-1.21x (2 of 8192), backward v6 1.03-1.05x and 1.06-1.08x v5 (docs/BENCHMARKS.md 2026-12-03, "packed
