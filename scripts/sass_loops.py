@@ -3,6 +3,7 @@
     TRITON_INTERPRET=0 python scripts/sass_loops.py bwd --causal --softcap
     TRITON_INTERPRET=0 python scripts/sass_loops.py bwd --band --kv-group 4
     TRITON_INTERPRET=0 python scripts/sass_loops.py fwd --causal --varlen
+    TRITON_INTERPRET=0 python scripts/sass_loops.py fwd --band --persist
 
 Compiles the kernel for sm_90 without a GPU (Triton's compiler and ptxas; the cuobjdump Triton ships reads the cubin),
 finds its loops (a branch back to an earlier address) that hold tensor-core instructions (HGMMA) and no such loop
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--varlen", action="store_true", help="packed sequences")
     ap.add_argument("--kv-group", type=int, default=1, help="GQA: query heads per K/V head (backward)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--persist", action="store_true", help="the forward on a persistent grid")
     a = ap.parse_args()
     kw = dict(causal=a.causal, dtype=a.dtype, band=a.band, softcap=a.softcap, dropout=a.dropout, varlen=a.varlen)
     if a.kernel == "bwd":
@@ -65,8 +67,9 @@ def main() -> None:
         ck = backward_v6.compile_sm90(kv_group=a.kv_group, **kw)
     else:
         from flashlab.kernels import forward_v6
-        ck = forward_v6.compile_sm90(**kw)
-    print(f"{a.kernel} v6 {kw}, kv_group {a.kv_group}; triton {triton.__version__}, sm_90")
+        ck = forward_v6.compile_sm90(persist=a.persist, **kw)
+    print(f"{a.kernel} v6 {kw}, kv_group {a.kv_group}{', persistent' if a.persist else ''}; triton {triton.__version__}, "
+          "sm_90")
     for addr, n, stl, ldl, hg in tile_loops(ck.asm["cubin"]):
         print(f"  loop at {addr:>8s}: {n:5d} instructions, {stl:3d} STL, {ldl:3d} LDL ({hg} HGMMA)")
 
