@@ -465,13 +465,17 @@ if AVAILABLE:
             acc = acc * (v_scale / gl.where(l_i == 0.0, 1.0, l_i))[:, None]
         else:
             acc = acc * (v_scale / l_i)[:, None]
+        # O's values and the LSE before their indices, which are the masks' own aranges: made after them, the
+        # loops above reloaded spilled registers every tile (sm_90, triton 3.6: 26 local loads a tile in a causal
+        # consumer's loop, none in this order; docs/BENCHMARKS.md, 2026-12-06)
+        o = acc.to(O.dtype.element_ty)
+        lse = (m_i + gl.log2(l_i)) * LN2_K                                 # natural-log LSE of the scaled scores
         rows = first_row + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma))
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
         row_ok = rows < Nq
         o_ptrs = (O + off_b.to(gl.int64) * stride_ob + off_h.to(gl.int64) * stride_oh
                   + (q0 + rows)[:, None].to(gl.int64) * stride_om + offs_d[None, :])
-        gl.store(o_ptrs, acc.to(O.dtype.element_ty), mask=row_ok[:, None])
-        lse = (m_i + gl.log2(l_i)) * LN2_K                                 # natural-log LSE of the scaled scores
+        gl.store(o_ptrs, o, mask=row_ok[:, None])
         gl.store(LSE + off_b.to(gl.int64) * stride_lb + off_h.to(gl.int64) * stride_lh + (q0 + rows) * stride_lm,
                  lse, mask=row_ok)
 
