@@ -14,14 +14,11 @@ import torch
 
 sys.path.insert(0, ".")
 import flashlab  # noqa: E402  (before triton: flashlab.device chooses the interpreter)
+from flashlab.bench_variants import _causal_pairs as causal_pairs  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 D = 128
 DT = torch.bfloat16
-
-
-def causal_pairs(n: int) -> int:
-    return n * (n + 1) // 2
 
 
 def calls(dev="cuda"):
